@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh machine with only Python 3 and pip:
+#   make demo   creates .venv, installs aiolock, runs the contention demo on an embedded server
+#   make test   creates .venv, installs the dev extras, runs ruff, mypy --strict and the tests
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint types pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/aiolock demo $(DEMO_ARGS)
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check aiolock tests benchmarks examples
+	$(BIN)/ruff format --check aiolock tests benchmarks examples
+
+types: $(VENV)/.dev-installed
+	$(BIN)/mypy
+
+pytest: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint types pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,29 @@
+"""aiolock: an asyncio-native distributed lock on Redis and Valkey.
+
+Quick start::
+
+    import redis.asyncio as redis
+    from aiolock import AsyncLock
+
+    client = redis.Redis()
+    async with AsyncLock(client, "orders:42", ttl=10.0, timeout=5.0):
+        ...  # only one holder at a time, across every process
+
+See :class:`AsyncLock` for the semantics (ownership, fairness, cancellation,
+expiry) and :mod:`aiolock.backoff` for the waiting policies.
+"""
+
+from . import backoff
+from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+from ._lock import AsyncLock
+from ._version import __version__
+
+__all__ = [
+    "AcquireTimeout",
+    "AsyncLock",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "__version__",
+    "backoff",
+]

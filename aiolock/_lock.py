@@ -1,0 +1,739 @@
+"""AsyncLock: the distributed lock on one Redis or Valkey server (or cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, Final, final
+
+import anyio
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import RedisError
+
+from . import backoff as _backoff
+from ._cancel import cancelling, honour_cancellation, run_shielded
+from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+from ._renewal import Holding, keep_alive
+from ._scripts import scripts_for
+from ._types import Client
+from ._waiting import queue_for
+
+__all__ = ["AsyncLock"]
+
+logger = logging.getLogger("aiolock")
+
+#: How long an attempt already sent may run past the deadline before it is cut off.
+_GRACE: Final = 0.1
+#: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
+_CLEANUP_BOUND: Final = 1.0
+
+
+class _Unset:
+    """The type of the "argument not given" marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Final = _Unset()
+
+
+def _check_client(client: object) -> Client:
+    if isinstance(client, (Redis, RedisCluster)):
+        return client
+    kind = f"{type(client).__module__}.{type(client).__qualname__}"
+    hint = ""
+    if kind.startswith("redis.") and not kind.startswith("redis.asyncio"):
+        hint = " (a synchronous client: use redis.asyncio.Redis instead)"
+    raise TypeError(
+        f"client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, got {kind}{hint}"
+    )
+
+
+def _check_seconds(name: str, value: object, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        allowed = "None or a number of seconds" if allow_none else "a number of seconds"
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    return seconds
+
+
+def _check_ttl(value: object, name: str = "ttl") -> float:
+    ttl = _check_seconds(name, value, allow_none=False)
+    assert ttl is not None  # noqa: S101 - allow_none=False
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if ttl < 0.001:
+        raise ValueError(f"{name} must be at least 0.001 s (1 ms on the wire), got {value!r}")
+    return ttl
+
+
+def _check_timeout(value: object) -> float | None:
+    timeout = _check_seconds("timeout", value, allow_none=True)
+    if timeout is None or timeout == math.inf:
+        return None
+    if timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return timeout
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+
+
+@final
+class AsyncLock:
+    """A distributed lock on Redis or Valkey, for asyncio.
+
+    ``AsyncLock(client, "orders:42")`` names a lock; nothing is sent to the
+    server until it is acquired. Use it as ``async with lock:`` (waits,
+    holds, renews, releases) or with :meth:`acquire` / :meth:`release`.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (Sentinel's ``master_for()`` gives
+            one) or ``redis.asyncio.RedisCluster``.
+        name: the lock's name; the key is ``<prefix>{<name>}``.
+        ttl: the lease in seconds: how long the server keeps the lock if the
+            holder dies. Renewal keeps it alive while the holder lives.
+        timeout: how long :meth:`acquire` waits, in seconds; ``None`` waits
+            forever, ``0`` tries once.
+        blocking: ``False`` makes :meth:`acquire` try once by default.
+        backoff: the policy for the pause between attempts (see
+            :mod:`aiolock.backoff`), or a callable ``attempt -> seconds``.
+        auto_renew: extend the lease every ``ttl/3`` while held.
+        notify: wake waiters by release notifications, not only by backoff.
+        on_lost: called with the lock when the lock is lost while held; may
+            be a coroutine function.
+        cancel_on_lost: cancel the body of ``async with`` at once when the
+            lock is lost (``LockLostError`` is raised in its place).
+        reentrant: let a task acquire the lock again while it holds it
+            (counted; each acquire needs its release).
+        prefix: the key prefix.
+        fencing: number each acquisition with a strictly increasing
+            :attr:`fence`, kept in a companion key that is never deleted.
+
+    **Ownership.** A holding belongs to the task that acquired it. Another
+    task using the same object waits for it; the owner re-acquiring raises
+    :class:`LockError` unless ``reentrant=True``. As with ``asyncio.Lock``,
+    :meth:`release` may be called from another task (a hand-off); it ends the
+    object's current holding. Each acquisition gets a fresh 128-bit token,
+    and the server only ever deletes or extends a key holding that token.
+
+    **Fairness.** Tasks of one process waiting through one client object are
+    served first come, first served, and only the first of them sends
+    commands. Between processes (or client objects) there is no order: the
+    first attempt after a release wins.
+
+    **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
+    key behind: an attempt that may have reached the server is undone with
+    the same token before the cancellation propagates. A cancelled
+    :meth:`release` still completes. ``asyncio.timeout``, anyio cancel
+    scopes, task groups and ``Task.cancel()`` are all covered. Cleanup on
+    these paths is bounded (at most ``min(ttl, 1)`` seconds); if the server
+    does not answer by then, the lease expires the key.
+
+    **Expiry.** The server deletes the key ``ttl`` seconds after the last
+    acquisition or renewal. The holder measures the same lease on its
+    monotonic clock from when the command was sent, so it declares the lock
+    lost (:attr:`lost`, ``on_lost``, ``LockLostError`` on exit) no later than
+    the server can expire it. If the owning task ends without releasing,
+    renewal stops and the key expires after its lease. A failover to a
+    replica that had not yet received the key loses the lock without
+    notice; fencing tokens let the protected resource reject such stale
+    holders.
+
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
+    argument. :class:`AcquireTimeout` from ``async with`` when the lock was
+    not acquired in time. :class:`LockNotOwnedError` from :meth:`release`
+    and :meth:`extend` when the holding is not ours; :class:`LockLostError`
+    (a subclass) when it was lost while held. redis-py's own exceptions
+    propagate unchanged, after the cleanup above.
+    """
+
+    __slots__ = (
+        "_acquire_keys",
+        "_auto_renew",
+        "_backoff",
+        "_blocking",
+        "_by_task",
+        "_cancel_on_lost",
+        "_channel",
+        "_client",
+        "_current",
+        "_fencing",
+        "_key",
+        "_last",
+        "_name",
+        "_notify",
+        "_on_lost",
+        "_prefix",
+        "_reentrant",
+        "_release_args",
+        "_scopes",
+        "_scripts",
+        "_timeout",
+        "_ttl",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        blocking: bool = True,
+        backoff: _backoff.Backoff | Callable[[int], float] | None = None,
+        auto_renew: bool = True,
+        notify: bool = True,
+        on_lost: Callable[[AsyncLock], object] | None = None,
+        cancel_on_lost: bool = False,
+        reentrant: bool = False,
+        prefix: str = "aiolock:",
+        fencing: bool = False,
+    ) -> None:
+        self._client = _check_client(client)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if not name:
+            raise ValueError(f"name must not be empty, got {name!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r}")
+        self._name = name
+        self._prefix = prefix
+        self._ttl = _check_ttl(ttl)
+        self._timeout = _check_timeout(timeout)
+        self._blocking = _check_bool("blocking", blocking)
+        self._backoff = _backoff._coerce(_backoff.exponential() if backoff is None else backoff)
+        self._auto_renew = _check_bool("auto_renew", auto_renew)
+        self._notify = _check_bool("notify", notify)
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be a callable or None, got {on_lost!r}")
+        self._on_lost = on_lost
+        self._cancel_on_lost = _check_bool("cancel_on_lost", cancel_on_lost)
+        self._reentrant = _check_bool("reentrant", reentrant)
+        self._fencing = _check_bool("fencing", fencing)
+
+        self._key = f"{prefix}{{{name}}}"
+        self._channel = f"{self._key}:released"
+        self._acquire_keys = (self._key, f"{self._key}:fence") if fencing else (self._key,)
+        sharded = "1" if isinstance(self._client, RedisCluster) else "0"
+        self._release_args = (self._channel, sharded)
+        self._scripts = scripts_for(self._client)
+
+        self._by_task: dict[asyncio.Task[Any], Holding] = {}
+        self._current: Holding | None = None
+        self._last: Holding | None = None
+        self._scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]] = {}
+
+    def __repr__(self) -> str:
+        state = "held" if self._current is not None else "free"
+        return f"<AsyncLock {self._name!r} key={self._key!r} ttl={self._ttl} {state}>"
+
+    # -- read-only facts ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The lock's name, as given."""
+        return self._name
+
+    @property
+    def key(self) -> str:
+        """The Redis key of the lock: ``<prefix>{<name>}``."""
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds given to each acquisition."""
+        return self._ttl
+
+    @property
+    def timeout(self) -> float | None:
+        """How long :meth:`acquire` waits by default (``None``: forever)."""
+        return self._timeout
+
+    @property
+    def lost(self) -> bool:
+        """Whether this holder's most recent holding was lost while held.
+
+        Looks at the calling task's holding if it has one, else at the
+        object's most recent holding. Reset by the next acquisition.
+        """
+        holding = self._holding_of_caller()
+        return holding.lost if holding is not None else False
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing number of the current acquisition (``fencing=True`` only).
+
+        Strictly increases with each acquisition of this name by any holder,
+        so a resource that remembers the highest fence it has seen can reject
+        writes from a holder whose lock has since passed to someone else.
+        """
+        holding = self._holding_of_caller()
+        return holding.fence if holding is not None else None
+
+    def _holding_of_caller(self) -> Holding | None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        holding = self._by_task.get(task) if task is not None else None
+        return holding if holding is not None else self._last
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | _Unset | None = _UNSET,  # noqa: ASYNC109 - DESIGN.md §1
+    ) -> bool:
+        """Acquire the lock; return True once held, False if not within the timeout.
+
+        Args:
+            blocking: ``False`` tries once and returns at once; defaults to
+                the lock's ``blocking``.
+            timeout: seconds to wait, overriding the lock's ``timeout``;
+                ``None`` waits forever, ``0`` tries once.
+
+        Raises:
+            LockError: the calling task already holds this non-reentrant lock.
+            ValueError: ``timeout`` is negative or NaN, or given together
+                with ``blocking=False``.
+        """
+        if blocking is None:
+            blocking = self._blocking
+        elif not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be True, False or None, got {blocking!r}")
+        if isinstance(timeout, _Unset):
+            wait = self._timeout
+        else:
+            if not blocking:
+                raise ValueError("timeout cannot be given with blocking=False")
+            wait = _check_timeout(timeout)
+        task = _current_task()
+        mine = self._by_task.get(task)
+        if mine is not None:
+            if mine.lost:
+                raise LockLostError(
+                    f"lock {self._name!r} was lost by this task ({mine.loss_reason}); "
+                    "release() it before acquiring again"
+                )
+            if not self._reentrant:
+                raise LockError(
+                    f"lock {self._name!r} is already held by this task "
+                    "(make it with reentrant=True to acquire it again)"
+                )
+            mine.depth += 1
+            return True
+
+        started = time.monotonic()
+        if not blocking:
+            deadline: float | None = started
+        elif wait is None:
+            deadline = None
+        else:
+            deadline = started + wait
+        baseline = cancelling(task)
+        queue = queue_for(self._client, self._key)
+        if not await queue.enter(task, deadline, deadline is None or deadline > started):
+            return False
+        try:
+            holding = await self._contend(task, deadline, baseline)
+        except BaseException:
+            queue.leave()
+            raise
+        if holding is None:
+            queue.leave()
+            return False
+        return True
+
+    async def _contend(
+        self, task: asyncio.Task[Any], deadline: float | None, baseline: int
+    ) -> Holding | None:
+        """Try on the server until acquired or past the deadline (we hold the baton)."""
+        delays: Iterator[float] | None = None
+        delay = 0.0
+        while True:
+            token = secrets.token_hex(16)
+            sent = time.monotonic()
+            reply = await self._attempt(token, deadline)
+            if cancelling(task) > baseline:
+                if reply is not None and reply[0]:
+                    await self._undo(token)
+                await honour_cancellation(task, baseline)
+            if reply is not None and reply[0]:
+                return self._hold(task, token, sent, int(reply[1]) if self._fencing else None)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            if delays is None:
+                delays = self._backoff.delays()
+            delay = _backoff._check_delay(next(delays, delay))
+            pttl = int(reply[1]) if reply is not None else -1
+            if pttl >= 0:
+                delay = min(delay, pttl / 1000 + 0.001)
+            elif pttl == -2:
+                delay = 0.0
+            if deadline is not None:
+                delay = min(delay, deadline - now)
+            await self._pause(delay)
+            await honour_cancellation(task, baseline)
+
+    async def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds before the next attempt."""
+        await anyio.sleep(delay)
+
+    async def _attempt(self, token: str, deadline: float | None) -> list[int] | None:
+        """Send one acquire attempt; None if it was cut off at the deadline.
+
+        Whatever interrupts the attempt (cancellation, a redis-py error, the
+        deadline), the ``SET`` may have reached the server, so it is undone
+        with the same token before this returns or raises.
+        """
+        args = (token, int(self._ttl * 1000))
+        try:
+            if deadline is None:
+                reply: list[int] = await self._scripts.acquire(self._acquire_keys, args)
+                return reply
+            with anyio.move_on_after(deadline - time.monotonic() + _GRACE):
+                reply = await self._scripts.acquire(self._acquire_keys, args)
+                return reply
+        except BaseException:
+            await self._undo(token)
+            raise
+        await self._undo(token)
+        return None
+
+    async def _undo(self, token: str) -> None:
+        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        try:
+            await run_shielded(lambda: self._release_script(token), self._cleanup_bound())
+        except (RedisError, TimeoutError, OSError) as exc:
+            logger.debug(
+                "could not undo an attempt on %r: %r (the lease will expire it)", self._name, exc
+            )
+
+    def _cleanup_bound(self) -> float:
+        return min(self._ttl, _CLEANUP_BOUND)
+
+    async def _release_script(self, token: str) -> bool:
+        return bool(await self._scripts.release((self._key,), (token, *self._release_args)))
+
+    async def _extend_script(self, token: str, ttl: float) -> bool:
+        return bool(await self._scripts.extend((self._key,), (token, int(ttl * 1000))))
+
+    # -- holding -----------------------------------------------------------------------
+
+    def _hold(self, task: asyncio.Task[Any], token: str, sent: float, fence: int | None) -> Holding:
+        """Record a new holding of ``task`` and start watching its lease."""
+        holding = Holding(token, task, self._ttl, sent, fence)
+        self._by_task[task] = holding
+        self._current = holding
+        self._last = holding
+        loop = asyncio.get_running_loop()
+        if self._auto_renew:
+            holding.timer = loop.call_later(self._ttl / 3, self._start_renewal, holding)
+        else:
+            holding.timer = loop.call_later(self._ttl, self._lease_over, holding)
+
+        def owner_done(_: asyncio.Task[Any]) -> None:
+            self._owner_done(holding)
+
+        holding.owner_done = owner_done
+        task.add_done_callback(owner_done)
+        logger.debug("acquired lock %r (fence %s)", self._name, fence)
+        return holding
+
+    def _start_renewal(self, holding: Holding) -> None:
+        holding.timer = None
+        if holding.ended or holding.lost:
+            return
+        holding.renewal = asyncio.get_running_loop().create_task(
+            keep_alive(holding, self._extend_script, self._declare_lost, self._name),
+            name=f"aiolock renewal of {self._name!r}",
+        )
+
+    def _lease_over(self, holding: Holding) -> None:
+        holding.timer = None
+        remaining = holding.lease_end - time.monotonic()
+        if remaining > 0:  # extended meanwhile
+            holding.timer = asyncio.get_running_loop().call_later(
+                remaining, self._lease_over, holding
+            )
+            return
+        reason = (
+            "its owner task ended without releasing it and the lease ran out"
+            if holding.task.done()
+            else "the lease ran out (auto_renew is off)"
+        )
+        self._declare_lost(holding, reason)
+
+    def _owner_done(self, holding: Holding) -> None:
+        """The owning task ended while holding: stop renewing, let the lease run out."""
+        if self._by_task.get(holding.task) is holding:
+            del self._by_task[holding.task]
+        if holding.ended or holding.lost:
+            return
+        self._stop_watching(holding)
+        holding.timer = asyncio.get_running_loop().call_later(
+            max(0.0, holding.lease_end - time.monotonic()), self._lease_over, holding
+        )
+
+    def _stop_watching(self, holding: Holding) -> None:
+        if holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = None
+        renewal = holding.renewal
+        if renewal is not None and renewal is not asyncio.current_task():
+            renewal.cancel()
+
+    def _declare_lost(self, holding: Holding, reason: str) -> None:
+        """Mark ``holding`` lost: flag, baton, ``cancel_on_lost``, ``on_lost``."""
+        if holding.lost or holding.ended:
+            return
+        holding.lost = True
+        holding.loss_reason = reason
+        self._stop_watching(holding)
+        self._pass_baton(holding)
+        logger.warning("lost lock %r: %s", self._name, reason)
+        for scope in self._scopes.get(holding.task, ()):
+            if scope is not None:
+                scope.cancel()
+                break
+        if self._on_lost is not None:
+            try:
+                result = self._on_lost(self)
+            except Exception:
+                logger.exception("on_lost callback of lock %r raised", self._name)
+            else:
+                if inspect.isawaitable(result):
+                    holding.callbacks.append(asyncio.ensure_future(self._run_callback(result)))
+
+    async def _run_callback(self, awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            logger.exception("on_lost callback of lock %r raised", self._name)
+
+    def _pass_baton(self, holding: Holding) -> None:
+        if holding.has_baton:
+            holding.has_baton = False
+            queue_for(self._client, self._key).leave()
+
+    def _end(self, holding: Holding) -> None:
+        """Forget ``holding`` locally (the server side is the caller's business)."""
+        holding.ended = True
+        self._stop_watching(holding)
+        if self._by_task.get(holding.task) is holding:
+            del self._by_task[holding.task]
+        if self._current is holding:
+            self._current = None
+        if holding.owner_done is not None:
+            holding.task.remove_done_callback(holding.owner_done)
+            holding.owner_done = None
+
+    async def _settle(self, holding: Holding) -> None:
+        """Wait for the holding's watchdog and callbacks to finish."""
+        me = asyncio.current_task()
+        pending = [
+            t for t in (holding.renewal, *holding.callbacks) if t is not None and t is not me
+        ]
+        holding.renewal = None
+        holding.callbacks = []
+        if pending and not all(t.done() for t in pending):
+            await asyncio.wait(pending)
+        for finished in pending:
+            if not finished.cancelled():
+                finished.exception()
+
+    def _holding_to_release(self) -> Holding | None:
+        task = asyncio.current_task()
+        mine = self._by_task.get(task) if task is not None else None
+        return mine if mine is not None else self._current
+
+    # -- release / extend / queries ----------------------------------------------------
+
+    async def release(self) -> None:
+        """Release the lock: delete the key if it is still ours and wake a waiter.
+
+        Releases the calling task's holding, or else (a hand-off) the
+        object's current holding. With ``reentrant=True`` only the last of
+        nested releases gives the lock up. Completes even if cancelled.
+
+        Raises:
+            LockNotOwnedError: nothing is held, or the key is no longer ours;
+                another holder's key is never touched.
+            LockLostError: the holding had already been declared lost.
+        """
+        holding = self._holding_to_release()
+        if holding is None:
+            raise LockNotOwnedError(f"lock {self._name!r} is not held")
+        if holding.depth > 1 and not holding.lost:
+            holding.depth -= 1
+            return
+        task = _current_task()
+        baseline = cancelling(task)
+        self._end(holding)
+        try:
+            if holding.lost:
+                raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+            try:
+                deleted = await self._release_script(holding.token)
+            except asyncio.CancelledError:
+                await self._undo(holding.token)
+                raise
+        finally:
+            self._pass_baton(holding)
+            await self._settle(holding)
+        if not deleted:
+            holding.lost = True
+            holding.loss_reason = "the key was gone or held by another holder at release"
+            raise LockNotOwnedError(
+                f"lock {self._name!r} was no longer held by this holder at release "
+                "(its lease ran out); the key was left alone"
+            )
+        logger.debug("released lock %r", self._name)
+        await honour_cancellation(task, baseline)
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease of the current holding to ``ttl`` seconds from now.
+
+        ``ttl`` defaults to the lock's; a value given here also becomes the
+        lease that later renewals of this holding use.
+
+        Raises:
+            LockNotOwnedError: nothing is held, or the key is no longer ours
+                (the holding is then marked lost).
+            LockLostError: the holding had already been declared lost, or its
+                lease has run out.
+            ValueError: ``ttl`` is not a finite number > 0.
+        """
+        new_ttl = self._ttl if ttl is None else _check_ttl(ttl)
+        holding = self._holding_to_release()
+        if holding is None or holding.ended:
+            raise LockNotOwnedError(f"lock {self._name!r} is not held")
+        sent = time.monotonic()
+        if not holding.lost and sent >= holding.lease_end:
+            self._declare_lost(holding, "the lease ran out before extend()")
+        if holding.lost:
+            raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+        if not await self._extend_script(holding.token, new_ttl):
+            self._declare_lost(holding, "the key was gone or held by another holder at extend()")
+            raise LockNotOwnedError(
+                f"lock {self._name!r} is no longer held by this holder; the key was left alone"
+            )
+        if holding.is_lost():  # declared lost while the extend was in flight
+            raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+        holding.renewed(sent, new_ttl)
+        if not self._auto_renew and holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = asyncio.get_running_loop().call_later(
+                new_ttl, self._lease_over, holding
+            )
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock now (asks the server)."""
+        return bool(await self._client.exists(self._key))
+
+    async def owned(self) -> bool:
+        """Whether this holder's token is the current one on the server (asks it).
+
+        Looks at the calling task's holding, or else the object's current
+        one; False without a round trip when there is none or it was lost.
+        """
+        holding = self._holding_to_release()
+        if holding is None or holding.ended or holding.lost:
+            return False
+        value = await self._client.get(self._key)
+        return value is not None and value in (holding.token, holding.token.encode())
+
+    # -- async with --------------------------------------------------------------------
+
+    async def __aenter__(self) -> AsyncLock:
+        if not await self.acquire():
+            raise AcquireTimeout(
+                f"could not acquire lock {self._name!r} within {self._timeout} s"
+                if self._blocking
+                else f"lock {self._name!r} is held by someone else (blocking=False)"
+            )
+        if self._cancel_on_lost:
+            task = _current_task()
+            holding = self._by_task[task]
+            scope: anyio.CancelScope | None = None
+            if holding.depth == 1:
+                scope = anyio.CancelScope()
+                scope.__enter__()
+            self._scopes.setdefault(task, []).append(scope)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = _current_task()
+        cancelled_by_loss = False
+        if self._cancel_on_lost:
+            stack = self._scopes.get(task)
+            scope = stack.pop() if stack else None
+            if stack is not None and not stack:
+                del self._scopes[task]
+            if scope is not None and scope.__exit__(exc_type, exc, tb):
+                cancelled_by_loss = True
+                exc = None
+        holding = self._by_task.get(task)
+        if holding is None:  # released inside the body, or ended by a hand-off
+            if cancelled_by_loss:
+                raise LockLostError(f"lock {self._name!r} was lost while held") from None
+            return
+        if holding.lost:
+            self._end(holding)
+            self._pass_baton(holding)
+            await self._settle(holding)
+            error = LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+            if exc is not None:
+                _add_note(exc, f"aiolock: {error}")
+                return
+            raise error from None
+        try:
+            await self.release()
+        except LockNotOwnedError as release_error:
+            lost = LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
+            if exc is not None:
+                _add_note(exc, f"aiolock: {lost}")
+                return
+            raise lost from None
+        except (RedisError, OSError) as release_error:
+            if exc is not None:
+                _add_note(exc, f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
+                return
+            raise

@@ -1,0 +1,144 @@
+"""One holding of a lock, and the watchdog that keeps its lease alive.
+
+A *holding* is one successful acquisition: its token, its owner task, and
+its lease as this process sees it. The lease end is measured on the
+monotonic clock from the moment the ``SET`` (or the last successful extend)
+was *sent*, so the server, which started its clock later, can never expire
+the key before this process thinks the lease has run out.
+
+The watchdog is one asyncio task per holding that extends the lease every
+``ttl/3``. It is started lazily at the first renewal point (a short holding
+never needs a task), and it is cancelled and awaited when the holding ends.
+It declares the lock lost when the server says the key is gone or is not
+ours, and also when the lease end arrives before a renewal could be
+confirmed (redis-py errors are retried until then, each call bounded by the
+lease end, since redis-py's own retries would otherwise run past it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, final
+
+import anyio
+from redis.exceptions import RedisError
+
+from ._cancel import honour_cancellation
+
+__all__ = ["Holding", "keep_alive"]
+
+logger = logging.getLogger("aiolock")
+
+#: Between two failed renewal attempts: a tenth of the lease, within these bounds.
+_RETRY_MIN = 0.005
+_RETRY_MAX = 1.0
+
+
+@final
+class Holding:
+    """The state of one acquisition, shared by the lock and its watchdog."""
+
+    __slots__ = (
+        "callbacks",
+        "depth",
+        "ended",
+        "fence",
+        "has_baton",
+        "lease_end",
+        "loss_reason",
+        "lost",
+        "owner_done",
+        "renewal",
+        "renewed_at",
+        "task",
+        "timer",
+        "token",
+        "ttl",
+    )
+
+    def __init__(
+        self, token: str, task: asyncio.Task[Any], ttl: float, sent: float, fence: int | None
+    ) -> None:
+        self.token = token
+        self.task = task
+        self.ttl = ttl
+        self.renewed_at = sent
+        self.lease_end = sent + ttl
+        self.fence = fence
+        self.depth = 1
+        self.lost = False
+        self.loss_reason = ""
+        self.ended = False
+        self.has_baton = True
+        self.timer: asyncio.TimerHandle | None = None
+        self.renewal: asyncio.Task[None] | None = None
+        self.callbacks: list[asyncio.Future[Any]] = []
+        self.owner_done: Callable[[asyncio.Task[Any]], None] | None = None
+
+    def is_lost(self) -> bool:
+        """Whether the holding has been declared lost (a method, so checkers re-read it)."""
+        return self.lost
+
+    def renewed(self, sent: float, ttl: float) -> None:
+        """Record a confirmed extend that was sent at ``sent`` for ``ttl`` seconds."""
+        self.ttl = ttl
+        self.renewed_at = sent
+        self.lease_end = sent + ttl
+
+
+async def keep_alive(
+    holding: Holding,
+    extend: Callable[[str, float], Awaitable[bool]],
+    declare_lost: Callable[[Holding, str], None],
+    name: str,
+) -> None:
+    """Extend ``holding`` every ``ttl/3`` until cancelled or lost.
+
+    Args:
+        holding: the holding to keep alive.
+        name: the lock's name, for log records.
+        extend: sends the extend script for (token, ttl); True if the key was ours.
+        declare_lost: marks the holding lost with a reason (idempotent).
+    """
+    task = asyncio.current_task()
+    while not (holding.ended or holding.lost):
+        now = time.monotonic()
+        if now >= holding.lease_end:
+            declare_lost(holding, "the lease ran out before it could be renewed")
+            return
+        wake = holding.renewed_at + holding.ttl / 3
+        if wake > now:
+            await anyio.sleep(wake - now)
+            await honour_cancellation(task, 0)
+            continue
+        sent = now
+        ttl = holding.ttl
+        try:
+            with anyio.move_on_after(holding.lease_end - sent):
+                ok = await extend(holding.token, ttl)
+                await honour_cancellation(task, 0)
+                if not ok:
+                    declare_lost(holding, "the key was gone or held by another holder at renewal")
+                    return
+                holding.renewed(sent, ttl)
+                continue
+        except RedisError as exc:
+            await honour_cancellation(task, 0)
+            remaining = holding.lease_end - time.monotonic()
+            logger.warning(
+                "renewal of lock %r failed (%s: %s); retrying for %.3f s more",
+                name,
+                type(exc).__name__,
+                exc,
+                max(remaining, 0.0),
+            )
+            retry = min(max(holding.ttl / 10, _RETRY_MIN), _RETRY_MAX, max(remaining, 0.0))
+            await anyio.sleep(retry)
+            await honour_cancellation(task, 0)
+            continue
+        # The lease end came while the extend was still in flight.
+        declare_lost(holding, "the lease ran out while a renewal was still unanswered")
+        return

@@ -1,0 +1,95 @@
+"""The Lua scripts that make each lock operation one atomic round trip.
+
+Scripts are registered once per client with redis-py's ``register_script``,
+which calls them by SHA (``EVALSHA``) and loads them again on ``NOSCRIPT``
+(after a server restart or ``SCRIPT FLUSH``). Values reach Lua only through
+``KEYS`` and ``ARGV``; no script text is ever built by formatting.
+
+All keys one script touches share the lock's hash slot: the lock key is
+``<prefix>{<name>}`` and its companions append a suffix after the ``}``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, final
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from ._types import Client
+
+# ACQUIRE
+#   KEYS[1]  the lock key
+#   KEYS[2]  (only with fencing) the fencing counter
+#   ARGV[1]  the new holder's token
+#   ARGV[2]  the lease in milliseconds
+# Returns {1, fence} when the lock was taken (fence is 0 without KEYS[2]),
+# or {0, pttl} when someone holds it (pttl as PTTL reports it: the remaining
+# lease in ms, -1 for a key without expiry, -2 if it vanished meanwhile).
+ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if KEYS[2] then
+        return {1, redis.call('INCR', KEYS[2])}
+    end
+    return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"""
+
+# RELEASE
+#   KEYS[1]  the lock key
+#   ARGV[1]  the holder's token
+#   ARGV[2]  the release channel
+#   ARGV[3]  '1' to announce with SPUBLISH (cluster), anything else: PUBLISH
+# Deletes the key only if it still holds the token, then announces the
+# release. Returns 1 if it deleted the key, 0 if the key was not ours.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    if ARGV[3] == '1' then
+        redis.call('SPUBLISH', ARGV[2], '')
+    else
+        redis.call('PUBLISH', ARGV[2], '')
+    end
+    return 1
+end
+return 0
+"""
+
+# EXTEND
+#   KEYS[1]  the lock key
+#   ARGV[1]  the holder's token
+#   ARGV[2]  the new lease in milliseconds
+# Resets the lease only if the key still holds the token. Returns 1 if it
+# did, 0 if the key is gone or belongs to someone else.
+EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+@final
+class Scripts:
+    """The three scripts, registered on one client."""
+
+    __slots__ = ("acquire", "extend", "release")
+
+    def __init__(self, client: Client) -> None:
+        self.acquire: AsyncScript = client.register_script(ACQUIRE)
+        self.release: AsyncScript = client.register_script(RELEASE)
+        self.extend: AsyncScript = client.register_script(EXTEND)
+
+
+_by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
+
+
+def scripts_for(client: Client) -> Scripts:
+    """Return the scripts registered on ``client``, registering them once."""
+    try:
+        return _by_client[client]
+    except KeyError:
+        scripts = _by_client[client] = Scripts(client)
+        return scripts

@@ -1,0 +1,396 @@
+"""An asyncio TCP proxy that injects network faults between a client and a real server.
+
+The proxy runs in the test's own event loop (asyncio or uvloop) and is built on
+protocols and transports, so it needs no task per connection: the only tasks are
+the short-lived upstream connects, which are tracked and cancelled on close.
+
+Fault modes apply to the connections that exist when they are set *and* to new
+ones, except :meth:`FaultProxy.hold_replies`, which by default affects only the
+connections that exist at the time of the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import struct
+from types import TracebackType
+
+__all__ = ["FaultProxy"]
+
+
+class _Pipe:
+    """One direction of a proxied connection: ordered, optionally delayed writes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._queue: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_when_drained = False
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._pump()
+
+    def send(self, data: bytes, delay: float) -> None:
+        self._queue.append((self._loop.time() + max(0.0, delay), data))
+        self._pump()
+
+    def close_when_drained(self) -> None:
+        """Close the destination once everything queued has been written."""
+        self._close_when_drained = True
+        self._pump()
+
+    def abort(self) -> None:
+        self._queue.clear()
+        self._cancel_timer()
+
+    @property
+    def pending(self) -> int:
+        return sum(len(data) for _, data in self._queue)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _pump(self) -> None:
+        self._cancel_timer()
+        transport = self.transport
+        if transport is None:
+            return  # not connected yet: keep everything queued
+        if transport.is_closing():
+            self._queue.clear()
+            return
+        now = self._loop.time()
+        while self._queue and self._queue[0][0] <= now:
+            transport.write(self._queue.popleft()[1])
+        if self._queue:
+            self._timer = self._loop.call_at(self._queue[0][0], self._pump)
+        elif self._close_when_drained:
+            transport.close()
+
+
+class _Conn:
+    """A client connection and its upstream connection."""
+
+    def __init__(self, proxy: FaultProxy, client: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        self.proxy = proxy
+        self.client = client
+        self.upstream: asyncio.Transport | None = None
+        self.to_server = _Pipe(loop)
+        self.to_client = _Pipe(loop)
+        self.to_client.attach(client)
+        self.held = proxy._hold_new
+        self.held_chunks: list[bytes] = []
+        self.client_closed = loop.create_future()
+        self.upstream_closed = loop.create_future()
+        self.connect_task: asyncio.Task[None] | None = None
+
+    @property
+    def bytes_held(self) -> int:
+        return sum(len(chunk) for chunk in self.held_chunks)
+
+    # --- data --------------------------------------------------------------------------------
+
+    def from_client(self, data: bytes) -> None:
+        if self.proxy._black_hole:
+            return
+        self.to_server.send(data, self.proxy._latency)
+
+    def from_server(self, data: bytes) -> None:
+        if self.proxy._black_hole:
+            return
+        if self.held:
+            self.held_chunks.append(data)
+            return
+        self.to_client.send(data, self.proxy._latency)
+
+    def release(self) -> None:
+        self.held = False
+        chunks, self.held_chunks = self.held_chunks, []
+        for chunk in chunks:
+            self.to_client.send(chunk, self.proxy._latency)
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    async def connect(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_connection(lambda: _UpstreamProtocol(self), host, port)
+        except OSError:
+            # Could not reach the server: drop the client.
+            self._no_upstream()
+            return
+        except asyncio.CancelledError:
+            self._no_upstream()
+            raise
+        if self.client.is_closing():
+            transport.abort()
+            return
+        assert isinstance(transport, asyncio.Transport)
+        self.upstream = transport
+        self.to_server.attach(transport)
+
+    def _no_upstream(self) -> None:
+        _set_done(self.upstream_closed)
+        self.client.abort()
+        self._maybe_forget()
+
+    def _maybe_forget(self) -> None:
+        if self.client_closed.done() and self.upstream_closed.done():
+            self.proxy._all.discard(self)
+
+    def client_lost(self) -> None:
+        _set_done(self.client_closed)
+        self.to_client.abort()
+        self.held_chunks.clear()
+        if self.connect_task is not None and not self.connect_task.done():
+            self.connect_task.cancel()
+        if self.upstream is not None:
+            self.to_server.close_when_drained()
+        self.proxy._conns.discard(self)
+        self._maybe_forget()
+
+    def upstream_lost(self) -> None:
+        _set_done(self.upstream_closed)
+        self.to_server.abort()
+        # Deliver what the server sent before closing, unless it is held.
+        self.held_chunks.clear()
+        self.to_client.close_when_drained()
+        self._maybe_forget()
+
+    def abort(self) -> None:
+        """Close both sides at once, with an RST where the platform allows it."""
+        self.to_client.abort()
+        self.to_server.abort()
+        self.held_chunks.clear()
+        if self.connect_task is not None and not self.connect_task.done():
+            self.connect_task.cancel()
+        for transport in (self.client, self.upstream):
+            if transport is not None and not transport.is_closing():
+                _set_linger_zero(transport)
+                transport.abort()
+
+    async def wait_closed(self) -> None:
+        waits: list[asyncio.Future[None]] = [self.client_closed]
+        if self.upstream is not None:
+            waits.append(self.upstream_closed)
+        if self.connect_task is not None:
+            waits.append(self.connect_task)
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _set_linger_zero(transport: asyncio.BaseTransport) -> None:
+    """Make closing the socket send an RST instead of a FIN (best effort)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError, TypeError, NotImplementedError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, proxy: FaultProxy) -> None:
+        self._proxy = proxy
+        self._conn: _Conn | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        proxy = self._proxy
+        if proxy._closing:
+            transport.abort()
+            return
+        conn = _Conn(proxy, transport)
+        self._conn = conn
+        proxy._conns.add(conn)
+        proxy._all.add(conn)
+        task = asyncio.get_running_loop().create_task(
+            conn.connect(proxy.upstream_host, proxy.upstream_port)
+        )
+        conn.connect_task = task
+
+    def data_received(self, data: bytes) -> None:
+        if self._conn is not None:
+            self._conn.from_client(data)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost closes the other side
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._conn.client_lost()
+
+    def pause_writing(self) -> None:
+        if self._conn is not None and self._conn.upstream is not None:
+            _pause(self._conn.upstream)
+
+    def resume_writing(self) -> None:
+        if self._conn is not None and self._conn.upstream is not None:
+            _resume(self._conn.upstream)
+
+
+class _UpstreamProtocol(asyncio.Protocol):
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+
+    def data_received(self, data: bytes) -> None:
+        self._conn.from_server(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn.upstream_lost()
+
+    def pause_writing(self) -> None:
+        _pause(self._conn.client)
+
+    def resume_writing(self) -> None:
+        _resume(self._conn.client)
+
+
+def _pause(transport: asyncio.Transport) -> None:
+    if not transport.is_closing():
+        with contextlib.suppress(RuntimeError):
+            transport.pause_reading()
+
+
+def _resume(transport: asyncio.Transport) -> None:
+    if not transport.is_closing():
+        with contextlib.suppress(RuntimeError):
+            transport.resume_reading()
+
+
+class FaultProxy:
+    """A TCP proxy to ``upstream_host:upstream_port`` with switchable faults.
+
+    Use it as an async context manager, or call :meth:`start` and :meth:`aclose`.
+
+    Args:
+        upstream_host: The server's address.
+        upstream_port: The server's port.
+        host: The address to listen on.
+
+    Attributes:
+        port: The port the proxy listens on (0 until started).
+    """
+
+    def __init__(self, upstream_host: str, upstream_port: int, *, host: str = "127.0.0.1") -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.host = host
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._conns: set[_Conn] = set()  # connections whose client side is open
+        self._all: set[_Conn] = set()  # every connection not yet fully closed (for aclose)
+        self._latency = 0.0
+        self._black_hole = False
+        self._hold_new = False
+        self._closing = False
+
+    @property
+    def url(self) -> str:
+        """The ``redis://host:port`` URL to connect through the proxy."""
+        return f"redis://{self.host}:{self.port}"
+
+    async def start(self) -> FaultProxy:
+        """Listen on a free port (sets :attr:`port`)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ClientProtocol(self), self.host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection (both sides)."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        conns = list(self._all)
+        for conn in conns:
+            conn.abort()
+        for conn in conns:
+            await conn.wait_closed()
+        self._all.clear()
+        self._conns.clear()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> FaultProxy:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- modes ---------------------------------------------------------------------------------
+
+    def pass_through(self) -> None:
+        """Forward normally: no latency, no black hole, held replies released."""
+        self._latency = 0.0
+        self._black_hole = False
+        self.release_replies()
+
+    def set_latency(self, seconds: float) -> None:
+        """Delay every chunk forwarded in either direction by ``seconds`` (order is kept)."""
+        if seconds < 0:
+            raise ValueError("latency must be >= 0")
+        self._latency = seconds
+
+    def black_hole(self) -> None:
+        """Accept connections and read from them, but forward nothing either way.
+
+        Bytes read while in this mode are discarded, not delivered later.
+        """
+        self._black_hole = True
+
+    async def reset_all(self) -> None:
+        """Abort every current connection (RST if possible) and wait until they are closed."""
+        conns = list(self._all)
+        for conn in conns:
+            conn.abort()
+        for conn in conns:
+            await conn.wait_closed()
+
+    def hold_replies(self, *, new_connections: bool = False) -> None:
+        """Buffer server-to-client bytes of the current connections instead of delivering them.
+
+        Client-to-server bytes are still forwarded, so the server executes the
+        commands but the client gets no reply until :meth:`release_replies`.
+
+        Args:
+            new_connections: Also hold replies on connections made later.
+        """
+        for conn in self._conns:
+            conn.held = True
+        self._hold_new = new_connections
+
+    def release_replies(self) -> None:
+        """Deliver every held reply and resume normal forwarding of replies."""
+        self._hold_new = False
+        for conn in list(self._conns):
+            conn.release()
+
+    @property
+    def connections(self) -> int:
+        """The number of client connections currently open."""
+        return len(self._conns)
+
+    @property
+    def bytes_held(self) -> int:
+        """The number of server-to-client bytes currently held back."""
+        return sum(conn.bytes_held for conn in self._conns)
