@@ -1,0 +1,759 @@
+"""AsyncLock on a real server: contract, keys and scripts, waiting rules, ownership.
+
+DESIGN.md §1 (public contract), §2 (keys, tokens, scripts), §3 (waiting: backoff is
+slept, waits are capped by the remaining timeout and the holder's PTTL, local FIFO)
+and §6 (ownership inside a process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis.asyncio as redis
+from conftest import in_use_connections
+from redis.crc import key_slot
+
+from aiolock import (
+    AcquireTimeout,
+    AsyncLock,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    backoff,
+)
+from aiolock.testing import RedisServer
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+TOKEN = re.compile(r"[0-9a-f]{32}")
+WORKER = Path(__file__).with_name("_test_lock_worker.py")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+async def calls(admin: redis.Redis, command: str) -> int:
+    """How many times the server ran ``command`` since the last CONFIG RESETSTAT."""
+    stats = await admin.info("commandstats")
+    entry = stats.get(f"cmdstat_{command}")
+    return int(entry["calls"]) if entry else 0
+
+
+def created_connections(c: redis.Redis) -> int:
+    """How many connections ``c``'s pool has opened and still keeps."""
+    pool = c.connection_pool
+    return len(pool._available_connections) + len(pool._in_use_connections)
+
+
+async def int_value(admin: redis.Redis, key: str) -> int:
+    value = await admin.get(key)
+    assert isinstance(value, str), (key, value)
+    return int(value)
+
+
+async def stored_token(admin: redis.Redis, lock: AsyncLock) -> str:
+    value = await admin.get(lock.key)
+    assert isinstance(value, str)
+    return value
+
+
+# --- 1. basics -----------------------------------------------------------------------------------
+
+
+async def test_async_with_acquires_and_releases(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """`async with` holds the key on the server inside the body and deletes it on exit."""
+    lock = AsyncLock(client, name)
+    assert not await lock.locked()
+    async with lock as entered:
+        assert entered is lock
+        assert await admin.exists(lock.key) == 1
+        assert await lock.locked()
+        assert await lock.owned()
+    assert await admin.exists(lock.key) == 0
+    assert not await lock.locked()
+    assert not await lock.owned()
+
+
+async def test_locked_and_owned_ask_the_server(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """locked() is True whoever holds the key; owned() is False for another holder's key."""
+    mine = AsyncLock(client, name)
+    theirs = AsyncLock(other_client, name)
+    assert await theirs.acquire()
+    try:
+        assert await mine.locked()
+        assert not await mine.owned()
+        assert await theirs.owned()
+        # owned() compares tokens on the server: another token in the key means "not ours".
+        await admin.set(theirs.key, "f" * 32, xx=True, keepttl=True)
+        assert not await theirs.owned()
+        assert await theirs.locked()
+    finally:
+        with pytest.raises(LockNotOwnedError):
+            await theirs.release()
+        await admin.delete(theirs.key)
+    assert not await mine.locked()
+
+
+async def test_key_is_prefix_braced_name(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """The key is `aiolock:{<name>}` by default and `<prefix>{<name>}` with prefix=."""
+    default = AsyncLock(client, name)
+    assert default.key == f"aiolock:{{{name}}}"
+    async with default:
+        assert await admin.keys(f"*{{{name}}}*") == [f"aiolock:{{{name}}}"]
+    custom = AsyncLock(client, name, prefix="shop:locks:")
+    assert custom.key == f"shop:locks:{{{name}}}"
+    async with custom:
+        assert await admin.keys(f"*{{{name}}}*") == [f"shop:locks:{{{name}}}"]
+        assert not await default.locked()
+
+
+async def test_token_is_fresh_128_bits_per_acquisition(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Each acquisition stores a new 32-hex-char token, also across tasks sharing one lock."""
+    lock = AsyncLock(client, name)
+    tokens: list[str] = []
+    for _ in range(2):
+        async with lock:
+            tokens.append(await stored_token(admin, lock))
+
+    async def take() -> None:
+        async with lock:
+            tokens.append(await stored_token(admin, lock))
+
+    for _ in range(2):
+        await asyncio.create_task(take())
+    assert all(TOKEN.fullmatch(t) for t in tokens), tokens
+    assert len(set(tokens)) == len(tokens), tokens
+
+
+async def test_release_leaves_nothing(client: redis.Redis, admin: redis.Redis, name: str) -> None:
+    """A released lock leaves no key of its name on the server (acquire/extend/release)."""
+    lock = AsyncLock(client, name, ttl=5.0)
+    assert await lock.acquire()
+    await lock.extend()
+    assert 0 < await admin.pttl(lock.key) <= 5000
+    await lock.release()
+    assert await admin.keys(f"*{{{name}}}*") == []
+
+
+async def test_fencing_counter_is_the_only_key_left_and_increases(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """With fencing=True only `<key>:fence` remains, and fences increase across clients."""
+    mine = AsyncLock(client, name, fencing=True)
+    theirs = AsyncLock(other_client, name, fencing=True)
+    fence_key = f"aiolock:{{{name}}}:fence"
+    fences: list[int] = []
+    try:
+        for lock in (mine, theirs, mine, mine, theirs):
+            async with lock:
+                assert lock.fence is not None
+                fences.append(lock.fence)
+            assert await admin.keys(f"*{{{name}}}*") == [fence_key]
+        assert fences == sorted(set(fences)), fences
+        assert await int_value(admin, fence_key) == fences[-1]
+    finally:
+        await admin.delete(fence_key)
+
+
+async def test_all_keys_of_a_lock_share_one_hash_slot(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """The lock key, the fence counter and the release channel hash to the same slot."""
+    lock = AsyncLock(client, name, fencing=True)
+    pubsub = admin.pubsub()
+    fence_key = f"{lock.key}:fence"
+    try:
+        await pubsub.psubscribe(f"*{{{name}}}*")
+        async with lock:
+            keys = await admin.keys(f"*{{{name}}}*")
+        message = None
+        with anyio.move_on_after(2.0):
+            while message is None:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        assert message is not None, "release published nothing"
+        names = [*keys, message["channel"]]
+        assert sorted(keys) == sorted([lock.key, fence_key])
+        assert {key_slot(n.encode()) for n in names} == {key_slot(lock.key.encode())}, names
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await admin.delete(fence_key)
+
+
+# --- 2. scripts by SHA ---------------------------------------------------------------------------
+
+
+async def test_scripts_are_called_by_sha(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """An acquire/extend/release cycle is three EVALSHA calls and no EVAL."""
+    lock = AsyncLock(client, name)
+    async with lock:  # loads the scripts on this server
+        pass
+    await admin.config_resetstat()
+    assert await lock.acquire()
+    await lock.extend()
+    await lock.release()
+    assert await calls(admin, "evalsha") == 3
+    assert await calls(admin, "eval") == 0
+
+
+async def test_lock_works_after_script_flush(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """After SCRIPT FLUSH the scripts are loaded again (NOSCRIPT fallback), still without EVAL."""
+    lock = AsyncLock(client, name)
+    async with lock:
+        pass
+    await admin.script_flush()
+    await admin.config_resetstat()
+    assert await lock.acquire()
+    assert await lock.owned()
+    await admin.script_flush()
+    await lock.extend()
+    await admin.script_flush()
+    await lock.release()
+    assert not await lock.locked()
+    assert await calls(admin, "script|load") >= 3
+    assert await calls(admin, "eval") == 0
+
+
+# --- 3. mutual exclusion -------------------------------------------------------------------------
+
+
+async def test_mutual_exclusion_across_processes(
+    server: RedisServer, admin: redis.Redis, name: str
+) -> None:
+    """3 processes x 30 coroutines (one lock object each) never overlap in the critical section."""
+    processes, coroutines, rounds = 3, 30, 3
+    busy, total, go = (f"test:{{{name}}}:{suffix}" for suffix in ("busy", "total", "go"))
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for _ in range(processes):
+            procs.append(  # noqa: PERF401 - each started process is kept for the finally
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    str(WORKER),
+                    server.url,
+                    name,
+                    str(coroutines),
+                    str(rounds),
+                    stdout=asyncio.subprocess.PIPE,
+                )
+            )
+        with anyio.fail_after(15):
+            for proc in procs:
+                assert proc.stdout is not None
+                assert await proc.stdout.readline() == b"ready\n"
+            await admin.rpush(go, *range(processes))
+            outputs = [await proc.communicate() for proc in procs]
+        assert [proc.returncode for proc in procs] == [0] * processes
+        reports = [json.loads(out) for out, _ in outputs]
+        assert [r["overlaps"] for r in reports] == [0] * processes
+        assert [r["holdings"] for r in reports] == [coroutines * rounds] * processes
+        assert await int_value(admin, total) == processes * coroutines * rounds
+        assert await int_value(admin, busy) == 0
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await admin.delete(busy, total, go)
+
+
+async def test_mutual_exclusion_in_process_over_two_clients(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """50 coroutines on two client objects, each with its own lock object, never overlap."""
+    inside = 0
+    overlaps = 0
+    holdings = 0
+
+    async def worker(c: redis.Redis) -> None:
+        nonlocal inside, overlaps, holdings
+        lock = AsyncLock(c, name, timeout=10.0)
+        for _ in range(2):
+            async with lock:
+                inside += 1
+                overlaps += inside != 1
+                await asyncio.sleep(0.001)
+                inside -= 1
+                holdings += 1
+
+    await asyncio.gather(*(worker((client, other_client)[i % 2]) for i in range(50)))
+    assert overlaps == 0
+    assert holdings == 100
+
+
+# --- 4. ownership inside a process (§6) ----------------------------------------------------------
+
+
+async def test_shared_lock_object_excludes_tasks(client: redis.Redis, name: str) -> None:
+    """Tasks sharing one AsyncLock object exclude each other."""
+    lock = AsyncLock(client, name, timeout=10.0)
+    inside = 0
+    overlaps = 0
+
+    async def worker() -> None:
+        nonlocal inside, overlaps
+        for _ in range(3):
+            async with lock:
+                inside += 1
+                overlaps += inside != 1
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await asyncio.gather(*(worker() for _ in range(20)))
+    assert overlaps == 0
+
+
+async def test_second_task_waits_while_first_holds(client: redis.Redis, name: str) -> None:
+    """Another task using the same object waits while the first task holds it."""
+    lock = AsyncLock(client, name)
+    assert await lock.acquire()
+    assert not await asyncio.create_task(lock.acquire(timeout=0.1))
+    waiter = asyncio.create_task(lock.acquire())
+    done, _ = await asyncio.wait({waiter}, timeout=0.2)
+    assert not done, "the second task got a lock the first task holds"
+    await lock.release()
+    with anyio.fail_after(2):
+        assert await waiter
+
+    async def let_go() -> None:
+        await lock.release()  # a hand-off ends the waiter's holding
+
+    await asyncio.create_task(let_go())
+    assert not await lock.locked()
+
+
+async def test_reacquire_non_reentrant_raises_at_once(client: redis.Redis, name: str) -> None:
+    """A task re-acquiring a non-reentrant lock it holds gets LockError at once, still holding."""
+    lock = AsyncLock(client, name)
+    async with lock:
+        started = time.monotonic()
+        with anyio.fail_after(1), pytest.raises(LockError):
+            await lock.acquire()
+        with anyio.fail_after(1), pytest.raises(LockError):
+            async with lock:
+                pass
+        assert time.monotonic() - started < 0.1
+        assert await lock.owned()
+    assert not await lock.locked()
+
+
+async def test_reentrant_counts_depth(client: redis.Redis, admin: redis.Redis, name: str) -> None:
+    """With reentrant=True a task re-enters; the key stays until the last release; others wait."""
+    lock = AsyncLock(client, name, reentrant=True)
+    assert await lock.acquire()
+    token = await stored_token(admin, lock)
+    assert await lock.acquire()
+    async with lock:
+        assert await stored_token(admin, lock) == token
+    waiter = asyncio.create_task(lock.acquire())
+    await lock.release()  # depth 2 -> 1
+    assert await stored_token(admin, lock) == token
+    assert await lock.owned()
+    done, _ = await asyncio.wait({waiter}, timeout=0.2)
+    assert not done, "another task got a lock still held re-entrantly"
+    await lock.release()  # depth 1 -> 0: the lock goes to the waiter
+    with anyio.fail_after(2):
+        assert await waiter
+    assert await stored_token(admin, lock) != token
+    await asyncio.create_task(lock.release())  # a hand-off ends the waiter's holding
+    assert not await lock.locked()
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+
+async def test_release_from_another_task_is_a_hand_off(client: redis.Redis, name: str) -> None:
+    """release() from another task ends the current holding; `async with` then exits quietly."""
+    lock = AsyncLock(client, name)
+    assert await lock.acquire()
+    await asyncio.create_task(lock.release())
+    assert not await lock.locked()
+    assert not await lock.owned()
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+    async with lock:
+        assert await lock.owned()
+        await asyncio.create_task(lock.release())
+        assert not await lock.locked()
+    assert await lock.acquire(timeout=0)  # the releasing task did end our holding
+    await lock.release()
+
+
+async def test_release_never_acquired_raises(client: redis.Redis, name: str) -> None:
+    """release() of a lock that was never acquired raises LockNotOwnedError."""
+    lock = AsyncLock(client, name)
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+
+
+async def test_same_key_through_second_object_raises(client: redis.Redis, name: str) -> None:
+    """Acquiring a key the task holds through another lock object on one client raises LockError."""
+    first = AsyncLock(client, name)
+    second = AsyncLock(client, name)
+    async with first:
+        with anyio.fail_after(1), pytest.raises(LockError):
+            await second.acquire()
+        with anyio.fail_after(1), pytest.raises(LockError):
+            await second.acquire(timeout=5)
+        assert await first.owned()
+    async with second:
+        assert await second.owned()
+
+
+# --- 5. timeouts (§1, §3) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["timeout=0", "blocking=False"])
+async def test_try_once(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, how: str
+) -> None:
+    """timeout=0 and blocking=False send exactly one attempt and return False at once."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        lock = AsyncLock(client, name)
+        async with AsyncLock(client, f"{name}:warm"):  # the scripts are loaded
+            pass
+        await admin.config_resetstat()
+        started = time.monotonic()
+        if how == "timeout=0":
+            assert not await lock.acquire(timeout=0)
+        else:
+            assert not await lock.acquire(blocking=False)
+        assert time.monotonic() - started < 0.1
+        assert await calls(admin, "evalsha") == 1
+        assert not await AsyncLock(client, name, timeout=0).acquire()
+        assert not await AsyncLock(client, name, blocking=False).acquire()
+        assert await calls(admin, "evalsha") == 3
+    finally:
+        await holder.release()
+
+
+async def test_blocking_false_with_timeout_is_rejected(client: redis.Redis, name: str) -> None:
+    """acquire(blocking=False, timeout=1) raises ValueError and sends nothing."""
+    lock = AsyncLock(client, name)
+    with pytest.raises(ValueError, match="timeout"):
+        await lock.acquire(blocking=False, timeout=1)
+    assert not await lock.locked()
+
+
+async def test_acquire_timeout_returns_false_in_time(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """acquire(timeout=0.3) on a lock held elsewhere returns False after 0.3 s, not much later."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        lock = AsyncLock(client, name)
+        started = time.monotonic()
+        assert not await lock.acquire(timeout=0.3)
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed < 0.4, elapsed
+    finally:
+        await holder.release()
+
+
+async def test_long_backoff_is_capped_by_remaining_timeout(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """A waiter with backoff.constant(10) still returns at its 0.3 s timeout, not after 10 s."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        lock = AsyncLock(client, name, backoff=backoff.constant(10))
+        started = time.monotonic()
+        assert not await lock.acquire(timeout=0.3)
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed < 0.45, elapsed
+    finally:
+        await holder.release()
+
+
+async def test_long_backoff_is_capped_by_holder_pttl(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """A waiter with backoff.constant(10) and no timeout gets the lock soon after the lease ends."""
+    ttl = 0.3
+    holder = AsyncLock(other_client, name, ttl=ttl, auto_renew=False)
+    started = time.monotonic()
+    assert await holder.acquire()
+    lock = AsyncLock(client, name, backoff=backoff.constant(10))
+    with anyio.fail_after(3):
+        assert await lock.acquire()
+    elapsed = time.monotonic() - started
+    try:
+        assert ttl - 0.05 <= elapsed < ttl + 0.2, elapsed
+        assert await lock.owned()
+    finally:
+        await lock.release()
+        with pytest.raises(LockNotOwnedError):  # its lease ran out; the key is not touched
+            await holder.release()
+
+
+async def test_async_with_raises_acquire_timeout(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """`async with` a lock held elsewhere raises AcquireTimeout, a TimeoutError and a LockError."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        body_ran = False
+        with pytest.raises(AcquireTimeout) as caught:
+            async with AsyncLock(client, name, timeout=0.1):
+                body_ran = True
+        assert isinstance(caught.value, TimeoutError)
+        assert isinstance(caught.value, LockError)
+        with pytest.raises(TimeoutError):
+            async with AsyncLock(client, name, blocking=False):
+                body_ran = True
+        assert not body_ran
+        assert await holder.owned()
+    finally:
+        await holder.release()
+
+
+async def test_timeout_none_waits_until_release(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """timeout=None waits as long as the lock is held and gets it after the release."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    lock = AsyncLock(client, name, timeout=None)
+    waiter = asyncio.create_task(lock.acquire())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=0.3)
+        assert not done, "acquire() gave up or got a held lock"
+    finally:
+        await holder.release()
+    with anyio.fail_after(2):
+        assert await waiter
+    await asyncio.create_task(lock.release())
+    assert not await lock.locked()
+
+
+# --- 6. local FIFO -------------------------------------------------------------------------------
+
+
+async def test_local_waiters_are_served_in_arrival_order(client: redis.Redis, name: str) -> None:
+    """Five tasks queued on one held lock object acquire it in the order they arrived."""
+    lock = AsyncLock(client, name)
+    order: list[int] = []
+
+    async def take(i: int) -> None:
+        async with lock:
+            order.append(i)
+
+    async with lock:
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(take(i)))
+            await asyncio.sleep(0.01)
+    with anyio.fail_after(3):
+        await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+
+
+async def test_other_client_gets_the_lock_after_local_waiters(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """A waiter on another client object is not shut out by a local queue: it gets the lock."""
+    holder = AsyncLock(client, name)
+    order: list[str] = []
+    freed_at: list[float] = []
+
+    async def local(i: int) -> None:
+        async with AsyncLock(client, name, timeout=5.0):
+            order.append(f"local{i}")
+            await asyncio.sleep(0.02)
+        freed_at.append(time.monotonic())
+
+    async def remote() -> float:
+        lock = AsyncLock(other_client, name, timeout=3.0)
+        async with lock:
+            order.append("remote")
+            return time.monotonic()
+
+    assert await holder.acquire()
+    locals_ = []
+    for i in range(5):
+        locals_.append(asyncio.create_task(local(i)))
+        await asyncio.sleep(0.005)
+    far = asyncio.create_task(remote())
+    await asyncio.sleep(0.05)
+    await holder.release()
+    with anyio.fail_after(5):
+        remote_at = await far
+        await asyncio.gather(*locals_)
+    assert sorted(order) == sorted(["remote", *(f"local{i}" for i in range(5))]), order
+    # Once the local queue has drained, the remote waiter's next attempt (the default
+    # backoff is capped at 0.5 s) takes the lock.
+    assert remote_at - max(freed_at) < 0.6, (order, remote_at - max(freed_at))
+
+
+# --- 7. backoff policies are used ----------------------------------------------------------------
+
+
+class CountingPolicy(backoff.Backoff):
+    """A custom policy: a constant delay, counting iterators made and delays drawn."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.iterators = 0
+        self.drawn = 0
+
+    def delays(self) -> Iterator[float]:
+        self.iterators += 1
+        while True:
+            self.drawn += 1
+            yield self.delay
+
+
+async def test_custom_policy_delays_are_slept(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """A Backoff subclass gives a fresh iterator per acquisition and its delays are slept."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        policy = CountingPolicy(0.05)
+        lock = AsyncLock(client, name, backoff=policy)
+        policy.iterators = policy.drawn = 0  # forget what the constructor probed
+        await admin.config_resetstat()
+        assert not await lock.acquire(timeout=0.27)
+        attempts = await calls(admin, "evalsha")
+        assert policy.iterators == 1
+        # 0.27 s of 0.05 s pauses: about 6 pauses and 7 attempts; spinning would be hundreds.
+        assert 4 <= policy.drawn <= 7, policy.drawn
+        assert 5 <= attempts <= 8, attempts
+        assert not await lock.acquire(timeout=0.06)
+        assert policy.iterators == 2
+    finally:
+        await holder.release()
+
+
+async def test_callable_backoff_gets_attempt_numbers(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """A plain callable `attempt -> seconds` is called with 1, 2, 3, ... and its delays slept."""
+    seen: list[int] = []
+
+    def pause(attempt: int) -> float:
+        seen.append(attempt)
+        return 0.05
+
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    try:
+        lock = AsyncLock(client, name, backoff=pause)
+        seen.clear()  # forget what the constructor probed
+        started = time.monotonic()
+        assert not await lock.acquire(timeout=0.22)
+        assert time.monotonic() - started >= 0.22
+        assert seen == list(range(1, len(seen) + 1)), seen
+        assert 3 <= len(seen) <= 6, seen
+        seen.clear()
+        assert not await lock.acquire(timeout=0.06)
+        assert seen[:1] == [1], seen  # a fresh count for each acquisition
+    finally:
+        await holder.release()
+
+
+async def test_spin_waiter_gets_the_lock(
+    client: redis.Redis, other_client: redis.Redis, name: str
+) -> None:
+    """A backoff.spin() waiter still lets the loop run and gets the lock after the release."""
+    holder = AsyncLock(other_client, name)
+    assert await holder.acquire()
+    lock = AsyncLock(client, name, backoff=backoff.spin())
+    waiter = asyncio.create_task(lock.acquire(timeout=3.0))
+    try:
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+    finally:
+        await holder.release()
+    with anyio.fail_after(2):
+        assert await waiter
+    await asyncio.create_task(lock.release())
+    assert not await lock.locked()
+
+
+async def test_default_backoff_is_bounded_and_wakes_at_expiry(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """The default policy sends few attempts over a 0.5 s lease and acquires right after it ends."""
+    ttl = 0.5
+    holder = AsyncLock(other_client, name, ttl=ttl, auto_renew=False)
+    async with AsyncLock(client, f"{name}:warm"):  # the scripts are loaded
+        pass
+    started = time.monotonic()
+    assert await holder.acquire()
+    await admin.config_resetstat()
+    lock = AsyncLock(client, name)
+    with anyio.fail_after(3):
+        assert await lock.acquire()
+    elapsed = time.monotonic() - started
+    attempts = await calls(admin, "evalsha")
+    try:
+        assert ttl - 0.05 <= elapsed < ttl + 0.05, elapsed
+        assert attempts < 40, attempts
+    finally:
+        await lock.release()
+        with pytest.raises(LockNotOwnedError):
+            await holder.release()
+
+
+# --- 8. exceptions -------------------------------------------------------------------------------
+
+
+async def test_exception_hierarchy() -> None:
+    """AcquireTimeout is a TimeoutError and a LockError, LockLostError < LockNotOwnedError < it."""
+    assert issubclass(AcquireTimeout, TimeoutError)
+    assert issubclass(AcquireTimeout, LockError)
+    assert issubclass(LockLostError, LockNotOwnedError)
+    assert issubclass(LockNotOwnedError, LockError)
+    assert issubclass(LockError, Exception)
+    assert not issubclass(LockNotOwnedError, TimeoutError)
+
+
+# --- 9. connection hygiene -----------------------------------------------------------------------
+
+
+async def test_uncontended_cycles_do_not_leak_connections(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """200 uncontended cycles leave no connection checked out and no extra server connection."""
+    before = len(await admin.client_list())
+    lock = AsyncLock(client, name)
+    for i in range(200):
+        if i % 2:
+            async with lock:
+                pass
+        else:
+            assert await lock.acquire()
+            await lock.release()
+    assert in_use_connections(client) == 0
+    created = created_connections(client)
+    assert 1 <= created <= 2, created
+    after = len(await admin.client_list())
+    assert after - before <= created, (before, after, created)

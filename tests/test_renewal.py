@@ -1,0 +1,738 @@
+"""Renewal and loss (DESIGN.md §1, §4, §5b; the Expiry paragraph of AsyncLock).
+
+A live holder keeps its lock by renewal; a dead or stalled one loses it after
+its lease; the holder learns of the loss (``lost``, ``on_lost``,
+``cancel_on_lost``, ``LockLostError`` on exit) no later than the lease end,
+and leaving ``async with`` after a loss needs no server. All against real
+servers: the session server, private servers (paused, restarted) and a TCP
+fault proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as redis
+from conftest import in_use_connections, other_tasks
+from faultproxy import FaultProxy
+
+from aiolock import AsyncLock, LockError, LockLostError, LockNotOwnedError
+from aiolock._scripts import ACQUIRE
+from aiolock.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Scheduling slack for timing bounds (2 cores, two loop flavours, a busy suite).
+SLACK = 0.1
+#: How long leaving ``async with`` may take when it must not talk to the server.
+PROMPT_EXIT = 0.05
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _renewal_tasks() -> list[asyncio.Task[Any]]:
+    """The live watchdog tasks of this loop (aiolock names them "aiolock renewal of ...")."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith("aiolock renewal") and not t.done()
+    ]
+
+
+async def _wait_for_renewal(
+    adm: redis.Redis, key: str, timeout: float = 2.0
+) -> tuple[float, float]:
+    """Poll the key's PTTL until it goes up: a renewal reached the server.
+
+    Returns ``(before, after)``: the server ran the renewal after the poll sent
+    at ``before`` and before the reply to the poll received at ``after``.
+    """
+    deadline = time.monotonic() + timeout
+    before = time.monotonic()
+    last = await adm.pttl(key)
+    assert last > 0, f"the key {key!r} is not held with a lease (PTTL {last})"
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.002)
+        sent = time.monotonic()
+        now = await adm.pttl(key)
+        if now > last:
+            return before, time.monotonic()
+        assert now > 0, f"the key {key!r} expired instead of being renewed (PTTL {now})"
+        before, last = sent, now
+    raise AssertionError(f"no renewal of {key!r} reached the server within {timeout} s")
+
+
+async def _wait_until_gone(adm: redis.Redis, key: str, timeout: float = 1.0) -> float:
+    """Wait until the server no longer has ``key``; return when that was seen."""
+    deadline = time.monotonic() + timeout
+    while await adm.exists(key):
+        assert time.monotonic() < deadline, f"{key!r} still exists after {timeout} s"
+        await asyncio.sleep(0.002)
+    return time.monotonic()
+
+
+class LossRecorder:
+    """An ``on_lost`` callback (plain or async) that records when and with what it ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[AsyncLock, float]] = []
+        self.event = asyncio.Event()
+
+    def function(self, lock: AsyncLock) -> None:
+        self.calls.append((lock, time.monotonic()))
+        self.event.set()
+
+    async def coroutine_function(self, lock: AsyncLock) -> None:
+        at = time.monotonic()
+        await asyncio.sleep(0)  # a real coroutine: it must be run to the end, not dropped
+        self.calls.append((lock, at))
+        self.event.set()
+
+    def callback(self, kind: str) -> Callable[[AsyncLock], object]:
+        return self.function if kind == "function" else self.coroutine_function
+
+    async def wait(self, timeout: float = 2.0) -> float:
+        """Wait for the callback; return when it ran."""
+        await asyncio.wait_for(self.event.wait(), timeout)
+        return self.calls[0][1]
+
+
+CALLBACK_KINDS = ["function", "coroutine_function"]
+
+
+def _is_lost(lock: AsyncLock) -> bool:
+    """``lock.lost``, read through a call so type checkers do not narrow it across awaits."""
+    return lock.lost
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """``task.cancelling()`` (Python 3.11+; 0 before)."""
+    counter = getattr(task, "cancelling", None)
+    return int(counter()) if counter is not None else 0
+
+
+@dataclass
+class Outcome:
+    """How leaving ``async with`` went: the exception it raised and how long the exit took."""
+
+    error: BaseException | None
+    exit_took: float
+
+
+async def hold(lock: AsyncLock, body: Callable[[], Awaitable[None]]) -> Outcome:
+    """Run ``async with lock: await body()`` and report the exception and the exit time.
+
+    An AssertionError of the body propagates, so that a failed check is not
+    mistaken for the outcome under test.
+    """
+    body_done = math.nan
+    try:
+        async with lock:
+            await body()
+            body_done = time.monotonic()
+    except AssertionError:
+        raise
+    except Exception as exc:
+        return Outcome(exc, time.monotonic() - body_done)
+    return Outcome(None, time.monotonic() - body_done)
+
+
+# --- 1. a live holder keeps the lock; without renewal the lease runs out -----------------------
+
+
+async def test_live_holder_keeps_lock_past_three_leases(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """Renewal keeps a ttl=0.3 lock ours for 1.2 s: same token, owned, not lost, PTTL refreshed."""
+    lock = AsyncLock(client, name, ttl=0.3)
+    async with lock:
+        token = await admin.get(lock.key)
+        assert token is not None
+        held_until = time.monotonic() + 1.2
+        lowest = 300
+        while time.monotonic() < held_until:
+            await asyncio.sleep(0.02)
+            lowest = min(lowest, await admin.pttl(lock.key))
+            assert await admin.get(lock.key) == token, "the key changed hands while we held it"
+        assert lowest > 0, f"the key ran out of lease while held (lowest PTTL {lowest} ms)"
+        assert await admin.get(lock.key) == token
+        assert await lock.owned()
+        assert not _is_lost(lock)
+        assert await admin.pttl(lock.key) > 150, "the lease was not refreshed near the end"
+    assert await admin.exists(lock.key) == 0
+
+
+async def test_without_auto_renew_lease_runs_out_and_exit_needs_no_server(
+    server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """auto_renew=False: lost at the lease end, the key expires, exit raises without the server."""
+    proxy = await FaultProxy(server.host, server.port).start()
+    c = redis.Redis.from_url(proxy.url)
+    losses = LossRecorder()
+    lock = AsyncLock(c, name, ttl=0.3, auto_renew=False, on_lost=losses.function)
+    lost_at: list[float] = []
+
+    async def body() -> None:
+        acquired = time.monotonic()
+        assert await admin.pttl(lock.key) > 200
+        assert not _is_lost(lock)
+        lost_at.append(await losses.wait(timeout=1.0))
+        assert _is_lost(lock)
+        # Not before the lease end, and not much after it.
+        assert lost_at[0] >= before_acquire + 0.3
+        assert lost_at[0] <= acquired + 0.3 + SLACK
+        # Nobody renewed: the server expires the key (about now).
+        assert await admin.pttl(lock.key) <= 50
+        await _wait_until_gone(admin, lock.key, timeout=0.5)
+        proxy.black_hole()  # from here on the server is unreachable for the lock
+
+    try:
+        before_acquire = time.monotonic()
+        outcome = await hold(lock, body)
+        assert isinstance(outcome.error, LockLostError), outcome.error
+        assert outcome.exit_took < PROMPT_EXIT, f"leaving took {outcome.exit_took:.3f} s"
+        assert _is_lost(lock)
+        assert losses.calls == [(lock, lost_at[0])]
+    finally:
+        await c.aclose()
+        await proxy.aclose()
+    assert in_use_connections(c) == 0
+
+
+# --- 2. a dead holder frees the lock after its lease ----------------------------------------------
+
+_CHILD = """
+import asyncio
+import sys
+
+import redis.asyncio as redis
+
+from aiolock import AsyncLock
+
+
+async def main() -> None:
+    client = redis.Redis.from_url(sys.argv[1])
+    lock = AsyncLock(client, sys.argv[2], ttl=1.0)
+    assert await lock.acquire(timeout=5.0)
+    print("held", flush=True)
+    await asyncio.Event().wait()
+
+
+asyncio.run(main())
+"""
+
+
+async def test_holder_killed_with_sigkill_frees_lock_after_its_lease(
+    server: RedisServer, admin: redis.Redis, other_client: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """A SIGKILLed holder's lock passes to another client when its lease (PTTL at kill) ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, server.url, name],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15.0)
+        assert line.strip() == b"held", f"the child did not acquire: {line!r}"
+        waiter = AsyncLock(other_client, name, ttl=1.0)
+        key = waiter.key
+        token = await admin.get(key)
+        assert token is not None
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 5.0)
+        # The child can no longer renew: this PTTL is when the server frees the key.
+        measured = time.monotonic()
+        pttl = await admin.pttl(key)
+        assert 0 < pttl <= 1000, f"PTTL of the dead holder's key: {pttl}"
+        assert await waiter.acquire(timeout=2.0)
+        got_it = time.monotonic() - measured
+        try:
+            assert await admin.get(key) != token
+            assert got_it >= pttl / 1000 - 0.02, f"acquired {got_it:.3f} s after, PTTL was {pttl}"
+            assert got_it <= pttl / 1000 + 0.25, f"acquired {got_it:.3f} s after, PTTL was {pttl}"
+        finally:
+            await waiter.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5.0)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+async def test_owner_task_ending_without_release_stops_renewal(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """An owner task that returns holding the lock stops renewing; a local waiter gets it later."""
+    lock = AsyncLock(client, name, ttl=0.3)
+    held = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def owner() -> None:
+        assert await lock.acquire()
+        held.set()
+        await leave.wait()
+        # returns without release()
+
+    async def waiter() -> tuple[float, object]:
+        assert await lock.acquire(timeout=2.0)
+        at = time.monotonic()
+        token = await admin.get(lock.key)
+        await lock.release()
+        return at, token
+
+    owner_task = asyncio.create_task(owner())
+    await held.wait()
+    old_token = await admin.get(lock.key)
+    waiter_task = asyncio.create_task(waiter())
+    try:
+        await _wait_for_renewal(admin, lock.key)  # the watchdog is running
+        watchdogs = _renewal_tasks()
+        assert len(watchdogs) == 1
+        leave.set()
+        await owner_task
+        measured = time.monotonic()
+        pttl = await admin.pttl(lock.key)
+        assert await other_tasks() == {waiter_task}, "the watchdog outlived its owner task"
+        assert watchdogs[0].done()
+        assert await admin.get(lock.key) == old_token, "the key must stay until its lease ends"
+        assert 0 < pttl <= 300
+        got_at, new_token = await asyncio.wait_for(waiter_task, 2.0)
+    finally:
+        leave.set()
+        await asyncio.gather(owner_task, waiter_task, return_exceptions=True)
+    got_it = got_at - measured
+    assert new_token is not None
+    assert new_token != old_token
+    assert got_it >= pttl / 1000 - 0.02, f"the waiter got it {got_it:.3f} s after, PTTL {pttl}"
+    assert got_it <= pttl / 1000 + SLACK, f"the waiter got it {got_it:.3f} s after, PTTL {pttl}"
+
+
+# --- 3. an event loop blocked past the lease ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", CALLBACK_KINDS)
+async def test_blocked_loop_loss_is_detected_and_reported(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None, kind: str
+) -> None:
+    """A loop blocked past the lease: lost is set, on_lost gets the lock, exit raises the loss."""
+    losses = LossRecorder()
+    lock = AsyncLock(client, name, ttl=0.3, on_lost=losses.callback(kind))
+
+    async def body() -> None:
+        time.sleep(0.5)  # blocks the event loop: no renewal can run
+        await losses.wait(timeout=1.0)
+        assert _is_lost(lock)
+        assert await admin.exists(lock.key) == 0
+
+    outcome = await hold(lock, body)
+    assert isinstance(outcome.error, LockLostError), outcome.error
+    assert isinstance(outcome.error, LockNotOwnedError)
+    assert isinstance(outcome.error, LockError)
+    assert [who for who, _ in losses.calls] == [lock]
+    assert _is_lost(lock)
+
+
+@pytest.mark.parametrize("kind", CALLBACK_KINDS)
+async def test_blocked_loop_loss_reported_when_body_ends_without_await(
+    client: redis.Redis, name: str, no_leaks: None, kind: str
+) -> None:
+    """A body that blocks past the lease and ends at once still gets lost, on_lost, the error."""
+    losses = LossRecorder()
+    lock = AsyncLock(client, name, ttl=0.3, on_lost=losses.callback(kind))
+
+    async def body() -> None:
+        time.sleep(0.5)
+
+    outcome = await hold(lock, body)
+    assert isinstance(outcome.error, LockLostError), outcome.error
+    assert _is_lost(lock)
+    assert [who for who, _ in losses.calls] == [lock], "on_lost did not run for a lost lock"
+
+
+async def test_cancel_on_lost_cancels_body_at_once(
+    client: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """cancel_on_lost=True: the body awaiting after a loss is cancelled at once; LockLostError."""
+    lock = AsyncLock(client, name, ttl=0.3, cancel_on_lost=True)
+    unblocked: list[float] = []
+    finished: list[bool] = []
+
+    async def body() -> None:
+        time.sleep(0.5)
+        unblocked.append(time.monotonic())
+        await asyncio.sleep(10)
+        finished.append(True)
+
+    started = time.monotonic()
+    outcome = await hold(lock, body)
+    after_block = time.monotonic() - unblocked[0]
+    assert isinstance(outcome.error, LockLostError), outcome.error
+    assert finished == []
+    assert after_block < 0.3, f"the body ran {after_block:.3f} s after the loss"
+    assert time.monotonic() - started < 1.0
+    assert _cancelling(asyncio.current_task()) == 0, "the loss left a cancellation behind"
+    await asyncio.sleep(0)  # the test task itself is not cancelled
+    assert _is_lost(lock)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
+@pytest.mark.parametrize("await_loss", [True, False], ids=["loss-declared", "loss-at-exit"])
+async def test_body_exception_wins_and_carries_the_loss_as_note(
+    client: redis.Redis, name: str, no_leaks: None, await_loss: bool
+) -> None:
+    """The body's own exception propagates from a lost lock, with the loss attached as a note."""
+    losses = LossRecorder()
+    lock = AsyncLock(client, name, ttl=0.3, on_lost=losses.function)
+
+    async def body() -> None:
+        time.sleep(0.5)
+        if await_loss:
+            await losses.wait(timeout=1.0)
+        raise ValueError("body failed")
+
+    outcome = await hold(lock, body)
+    assert isinstance(outcome.error, ValueError), outcome.error
+    assert str(outcome.error) == "body failed"
+    notes: list[str] = getattr(outcome.error, "__notes__", [])
+    assert any("aiolock" in note and "lost" in note for note in notes), notes
+    assert _is_lost(lock)
+
+
+async def test_stale_holder_after_blocked_loop_cannot_touch_new_holder(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """After a blocked loop lost the lock, old release()/extend() fail and the new key stays."""
+    old = AsyncLock(client, name, ttl=0.3)
+    assert await old.acquire()
+    time.sleep(0.5)  # the loop is blocked past the lease; the server expires the key
+    new = AsyncLock(other_client, name, ttl=5.0)
+    assert await new.acquire(blocking=False), "the key did not expire"
+    try:
+        token = await admin.get(new.key)
+        measured = time.monotonic()
+        pttl = await admin.pttl(new.key)
+        with pytest.raises(LockNotOwnedError):
+            await old.extend()
+        with pytest.raises(LockNotOwnedError):
+            await old.release()
+        assert _is_lost(old)
+        assert not await old.owned()
+        assert await admin.get(new.key) == token
+        elapsed_ms = (time.monotonic() - measured) * 1000
+        assert await admin.pttl(new.key) >= pttl - elapsed_ms - 5, "the new holder's lease shrank"
+        assert await new.owned()
+        with pytest.raises(LockNotOwnedError):  # nothing left to release
+            await old.release()
+    finally:
+        await new.release()
+
+
+@pytest.mark.parametrize("operation", ["release", "extend"])
+async def test_release_or_extend_of_expired_holding_leaves_new_holder_alone(
+    client: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    no_leaks: None,
+    operation: str,
+) -> None:
+    """A holder whose key expired and passed on gets LockNotOwnedError; the new key is untouched."""
+    old = AsyncLock(client, name, ttl=5.0)
+    new = AsyncLock(other_client, name, ttl=5.0)
+    assert await old.acquire()
+    await admin.pexpire(old.key, 1)  # the lease runs out behind the holder's back
+    assert await new.acquire(timeout=1.0)
+    try:
+        token = await admin.get(new.key)
+        measured = time.monotonic()
+        pttl = await admin.pttl(new.key)
+        with pytest.raises(LockNotOwnedError):
+            await getattr(old, operation)()
+        assert _is_lost(old)
+        assert await admin.get(new.key) == token
+        elapsed_ms = (time.monotonic() - measured) * 1000
+        assert await admin.pttl(new.key) >= pttl - elapsed_ms - 5, "the new holder's lease shrank"
+        if operation == "extend":
+            with pytest.raises(LockLostError):  # now known lost: no second round trip needed
+                await old.extend()
+            with pytest.raises(LockLostError):
+                await old.release()
+        assert await admin.get(new.key) == token
+    finally:
+        await new.release()
+
+
+# --- 4. renewal failures ------------------------------------------------------------------------
+
+
+async def test_unreachable_server_loss_declared_by_lease_end(
+    server: RedisServer,
+    admin: redis.Redis,
+    name: str,
+    caplog: pytest.LogCaptureFixture,
+    no_leaks: None,
+) -> None:
+    """A black-holed holder declares the loss by the lease end of its last renewal, warning."""
+    ttl = 0.5
+    proxy = await FaultProxy(server.host, server.port).start()
+    c = redis.Redis.from_url(proxy.url)
+    losses = LossRecorder()
+    lock = AsyncLock(c, name, ttl=ttl, on_lost=losses.function)
+
+    async def body() -> None:
+        token = await admin.get(lock.key)
+        before, after = await _wait_for_renewal(admin, lock.key)
+        proxy.black_hole()
+        # The last renewal that worked ran on the server between `before` and `after`
+        # (polled every ~2 ms), so the holder sent it before `after`. The server expires
+        # the key at its arrival + ttl at the earliest; the holder measures from its send.
+        lost_at = await losses.wait(timeout=2.0)
+        assert _is_lost(lock)
+        late = lost_at - (after + ttl)
+        assert late <= SLACK, f"loss declared {late:.3f} s after the lease end"
+        # And it does not give up early: it keeps trying until the lease end.
+        early = (before + ttl) - lost_at
+        assert early <= 0.05, f"loss declared {early:.3f} s before the lease end"
+        assert await admin.get(lock.key) in (token, None)
+        await _wait_until_gone(admin, lock.key, timeout=0.5)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="aiolock"):
+            outcome = await hold(lock, body)
+        assert isinstance(outcome.error, LockLostError), outcome.error
+        assert outcome.exit_took < PROMPT_EXIT, f"leaving took {outcome.exit_took:.3f} s"
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "aiolock" and r.levelno == logging.WARNING
+        ]
+        assert any(name in message for message in warnings), warnings
+        assert [who for who, _ in losses.calls] == [lock]
+    finally:
+        await c.aclose()
+        await proxy.aclose()
+    assert in_use_connections(c) == 0
+
+
+async def test_paused_server_loss_declared_and_no_resurrection(
+    private_server: Callable[..., RedisServer], name: str
+) -> None:
+    """A SIGSTOPped server: loss within the lease, exit needs no server, no resurrection after."""
+    ttl = 0.5
+    srv = private_server()
+    c = redis.Redis.from_url(srv.url)
+    adm = redis.Redis.from_url(srv.url, decode_responses=True)
+    losses = LossRecorder()
+    lock = AsyncLock(c, name, ttl=ttl, on_lost=losses.function)
+
+    async def body() -> None:
+        before, after = await _wait_for_renewal(adm, lock.key)
+        srv.pause()
+        lost_at = await losses.wait(timeout=2.0)
+        late = lost_at - (after + ttl)
+        assert late <= SLACK, f"loss declared {late:.3f} s after the lease end"
+        early = (before + ttl) - lost_at
+        assert early <= 0.05, f"loss declared {early:.3f} s before the lease end"
+        assert _is_lost(lock)
+
+    try:
+        outcome = await hold(lock, body)
+        assert srv.paused, "the server must still be paused while leaving `async with`"
+        assert isinstance(outcome.error, LockLostError), outcome.error
+        assert outcome.exit_took < PROMPT_EXIT, f"leaving took {outcome.exit_took:.3f} s"
+        srv.resume()
+        assert await adm.get(lock.key) is None, "the key came back after the server resumed"
+        assert _is_lost(lock), "the old holding came back to life"
+        assert not await lock.owned()
+        assert await other_tasks() == set()
+        # The object itself is usable again: a fresh acquisition is not lost.
+        async with lock:
+            assert not _is_lost(lock)
+            assert await lock.owned()
+        assert await adm.exists(lock.key) == 0
+    finally:
+        if srv.paused:
+            srv.resume()
+        await c.aclose()
+        await adm.aclose()
+    assert in_use_connections(c) == 0
+    assert await other_tasks() == set()
+
+
+# --- 5. the watchdog is cancelled and awaited on release ----------------------------------------
+
+
+async def test_release_cancels_and_awaits_watchdog(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """When release() returns, the renewal task is finished, not merely cancelled."""
+    lock = AsyncLock(client, name, ttl=0.3)
+    assert await lock.acquire()
+    await _wait_for_renewal(admin, lock.key)
+    watchdogs = _renewal_tasks()
+    assert len(watchdogs) == 1
+    await lock.release()
+    assert watchdogs[0].done(), "release() returned while the watchdog was still running"
+    assert _renewal_tasks() == []
+    assert await admin.exists(lock.key) == 0
+
+
+async def test_release_during_inflight_renewal_leaves_nothing(
+    server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """Releasing while a slow extend is in flight ends the watchdog and deletes the key for good."""
+    latency = 0.04
+    proxy = await FaultProxy(server.host, server.port).start()
+    proxy.set_latency(latency)
+    c = redis.Redis.from_url(proxy.url)
+    lock = AsyncLock(c, name, ttl=0.3)
+    try:
+        assert await lock.acquire()
+        before, _ = await _wait_for_renewal(admin, lock.key)
+        watchdogs = _renewal_tasks()
+        assert len(watchdogs) == 1
+        # The server ran the extend after `before`; its reply takes `latency` to come back.
+        assert time.monotonic() - before < latency, "the test was too slow to catch the extend"
+        assert not watchdogs[0].done()
+        await lock.release()
+        assert watchdogs[0].done(), "release() returned while the watchdog was still running"
+        assert _renewal_tasks() == []
+        assert await admin.exists(lock.key) == 0
+        assert await other_tasks() == set()
+        await asyncio.sleep(3 * latency)  # anything still in flight has landed by now
+        assert await admin.exists(lock.key) == 0, "a late extend brought the key back"
+    finally:
+        await c.aclose()
+        await proxy.aclose()
+    assert in_use_connections(c) == 0
+
+
+# --- 6. a server restart with empty data --------------------------------------------------------
+
+
+async def test_server_restart_loses_lock_and_scripts_reload(
+    private_server: Callable[..., RedisServer], name: str
+) -> None:
+    """A restart with empty data: loss known within ttl/3 + a round trip; scripts reload after."""
+    ttl = 0.9
+    srv = private_server()
+    c = redis.Redis.from_url(srv.url)
+    adm = redis.Redis.from_url(srv.url, decode_responses=True)
+    losses = LossRecorder()
+    lock = AsyncLock(c, name, ttl=ttl, on_lost=losses.function)
+
+    async def body() -> None:
+        await _wait_for_renewal(adm, lock.key)  # the watchdog (and its script) is in use
+        srv.restart()
+        restarted = time.monotonic()
+        took = await losses.wait(timeout=2.0) - restarted
+        assert took <= ttl / 3 + SLACK, f"the loss was noticed {took:.3f} s after the restart"
+        assert _is_lost(lock)
+
+    try:
+        outcome = await hold(lock, body)
+        assert isinstance(outcome.error, LockLostError), outcome.error
+        assert [who for who, _ in losses.calls] == [lock]
+        assert await adm.exists(lock.key) == 0
+        # The restarted server has no scripts: the acquire script is loaded again (NOSCRIPT).
+        sha = hashlib.sha1(ACQUIRE.encode(), usedforsecurity=False).hexdigest()
+        assert await adm.script_exists(sha) == [False]
+        again = AsyncLock(c, name, ttl=ttl)
+        assert await again.acquire(blocking=False)
+        assert await adm.script_exists(sha) == [True]
+        assert await again.owned()
+        await again.release()
+        assert await adm.exists(again.key) == 0
+        assert await other_tasks() == set()
+    finally:
+        await c.aclose()
+        await adm.aclose()
+    assert in_use_connections(c) == 0
+
+
+# --- 7. extend() --------------------------------------------------------------------------------
+
+
+async def test_extend_resets_lease_to_ttl(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """extend() sets the key's PTTL back to the lock's ttl."""
+    lock = AsyncLock(client, name, ttl=1.0, auto_renew=False)
+    async with lock:
+        await admin.pexpire(lock.key, 200)
+        await lock.extend()
+        assert 900 < await admin.pttl(lock.key) <= 1000
+        assert not _is_lost(lock)
+
+
+async def test_extend_with_ttl_sets_lease_used_by_later_renewals(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """extend(ttl=2.0) sets PTTL to ~2000 ms; the watchdog then renews to 2.0 s every 2.0/3 s."""
+    lock = AsyncLock(client, name, ttl=0.3)
+    async with lock:
+        extending = time.monotonic()
+        await lock.extend(ttl=2.0)
+        assert 1900 < await admin.pttl(lock.key) <= 2000
+        _, after = await _wait_for_renewal(admin, lock.key, timeout=1.5)
+        assert after - extending >= 2.0 / 3 - 0.02, "renewed at the old ttl/3 cadence"
+        assert after - extending <= 2.0 / 3 + 2 * SLACK
+        assert await admin.pttl(lock.key) > 1800, "the renewal did not use the new ttl"
+        assert not _is_lost(lock)
+
+
+async def test_extend_lost_or_never_held_raises_not_owned(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """extend() of a never-held, released or lost lock raises LockNotOwnedError, makes no key."""
+    lock = AsyncLock(client, name, ttl=5.0)
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert await admin.exists(lock.key) == 0
+    async with lock:
+        pass
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert await admin.exists(lock.key) == 0
+    assert await lock.acquire()
+    await admin.pexpire(lock.key, 1)
+    await _wait_until_gone(admin, lock.key)
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert _is_lost(lock)
+    with pytest.raises(LockLostError):
+        await lock.extend()
+    assert await admin.exists(lock.key) == 0, "extend() recreated a lost key"
+    with pytest.raises(LockLostError):
+        await lock.release()
+
+
+@pytest.mark.parametrize("bad", [0, -1, -1.0, math.nan, math.inf])
+async def test_extend_rejects_bad_ttl(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None, bad: float
+) -> None:
+    """extend(ttl=0/-1/NaN/inf) raises ValueError naming ttl and its value; nothing changes."""
+    lock = AsyncLock(client, name, ttl=5.0)
+    async with lock:
+        await admin.pexpire(lock.key, 3000)
+        with pytest.raises(ValueError, match=rf"ttl.*{re.escape(repr(bad))}"):
+            await lock.extend(ttl=bad)
+        assert await admin.pttl(lock.key) <= 3000, "the lease was changed by a rejected extend"
+        assert await lock.owned()
+        assert not _is_lost(lock)
