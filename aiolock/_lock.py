@@ -436,7 +436,7 @@ class AsyncLock:
         """Delete the key if it holds ``token``: shielded, bounded, best effort."""
         try:
             await run_shielded(lambda: self._release_script(token), self._cleanup_bound())
-        except (RedisError, TimeoutError, OSError) as exc:
+        except Exception as exc:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self._name, exc
             )
@@ -732,7 +732,7 @@ class AsyncLock:
                 _add_note(exc, f"aiolock: {lost}")
                 return
             raise lost from None
-        except (RedisError, OSError) as release_error:
+        except (RedisError, OSError, RuntimeError) as release_error:
             if exc is not None:
                 _add_note(exc, f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
                 return

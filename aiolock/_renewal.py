@@ -11,8 +11,11 @@ The watchdog is one asyncio task per holding that extends the lease every
 never needs a task), and it is cancelled and awaited when the holding ends.
 It declares the lock lost when the server says the key is gone or is not
 ours, and also when the lease end arrives before a renewal could be
-confirmed (redis-py errors are retried until then, each call bounded by the
-lease end, since redis-py's own retries would otherwise run past it).
+confirmed (failed calls are retried until then, each bounded by the lease
+end, since redis-py's own retries would otherwise run past it). Any error is
+retried, not only redis-py's: on uvloop a call on a closed transport raises a
+bare ``RuntimeError``, and a watchdog that dies of it would leave the holder
+believing it still holds the lock.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, final
 
 import anyio
-from redis.exceptions import RedisError
 
 from ._cancel import honour_cancellation
 
@@ -125,7 +127,9 @@ async def keep_alive(
                     return
                 holding.renewed(sent, ttl)
                 continue
-        except RedisError as exc:
+        except Exception as exc:
+            # Not only redis-py's errors: uvloop raises a bare RuntimeError on a closed
+            # transport. Any failure is retried until the lease end.
             await honour_cancellation(task, 0)
             remaining = holding.lease_end - time.monotonic()
             logger.warning(

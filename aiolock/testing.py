@@ -376,7 +376,8 @@ class RedisServer:
     @property
     def url(self) -> str:
         """The ``redis://host:port`` URL of the server."""
-        return f"redis://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -439,7 +440,7 @@ class RedisServer:
     def _start(self, *, timeout: float, may_move: bool) -> RedisServer:
         if self.running:
             raise RuntimeError(f"{self!r} is already running")
-        self._reap()
+        self._kill_and_cleanup()  # a process that exited by itself: reap it, drop its dir
         for attempt in range(_START_ATTEMPTS):
             self._spawn()
             try:

@@ -17,6 +17,7 @@ import contextlib
 import socket
 import struct
 from types import TracebackType
+from typing import cast
 
 __all__ = ["FaultProxy"]
 
@@ -47,10 +48,6 @@ class _Pipe:
     def abort(self) -> None:
         self._queue.clear()
         self._cancel_timer()
-
-    @property
-    def pending(self) -> int:
-        return sum(len(data) for _, data in self._queue)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -132,9 +129,8 @@ class _Conn:
         if self.client.is_closing():
             transport.abort()
             return
-        assert isinstance(transport, asyncio.Transport)
         self.upstream = transport
-        self.to_server.attach(transport)
+        self.to_server.attach(self.upstream)
 
     def _no_upstream(self) -> None:
         _set_done(self.upstream_closed)
@@ -176,13 +172,14 @@ class _Conn:
                 _set_linger_zero(transport)
                 transport.abort()
 
-    async def wait_closed(self) -> None:
+    async def wait_closed(self, timeout: float = 5.0) -> None:
         waits: list[asyncio.Future[None]] = [self.client_closed]
         if self.upstream is not None:
             waits.append(self.upstream_closed)
         if self.connect_task is not None:
             waits.append(self.connect_task)
-        await asyncio.gather(*waits, return_exceptions=True)
+        # asyncio.wait() neither raises the futures' exceptions nor cancels them on timeout.
+        await asyncio.wait(waits, timeout=timeout)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -204,8 +201,8 @@ class _ClientProtocol(asyncio.Protocol):
         self._proxy = proxy
         self._conn: _Conn | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base_transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base_transport)  # uvloop: not a subclass
         proxy = self._proxy
         if proxy._closing:
             transport.abort()
@@ -323,7 +320,9 @@ class FaultProxy:
         self._all.clear()
         self._conns.clear()
         if self._server is not None:
-            await self._server.wait_closed()
+            # Bounded: from Python 3.12 on this also waits for every accepted connection.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5.0)
             self._server = None
 
     async def __aenter__(self) -> FaultProxy:

@@ -124,6 +124,13 @@ async def assert_nothing_leaked(*clients: redis.Redis) -> None:
         assert in_use_connections(c) == 0, "a connection was left checked out"
 
 
+async def finish(task: asyncio.Future[Any]) -> None:
+    """Cleanup after a failed test: cancel ``task`` if it still runs, and await it."""
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def loop_factories() -> list[Callable[[], asyncio.AbstractEventLoop]]:
     """The event loops the suite runs on: asyncio's default, and uvloop."""
     factories: list[Callable[[], asyncio.AbstractEventLoop]] = [asyncio.new_event_loop]
@@ -204,14 +211,16 @@ async def test_cancel_while_server_holds_the_set_back_leaves_no_key(
                 entered.set()
 
     await own.admin.client_pause(5000, all=False)  # WRITE: EVAL/EVALSHA are held back
+    task = asyncio.create_task(use_lock())
     try:
-        task = asyncio.create_task(use_lock())
         await wait_for_paused_client(own.admin)
         task.cancel()
+        await own.admin.client_unpause()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     finally:
         await own.admin.client_unpause()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+        await finish(task)
     assert not entered.is_set()
 
     async def none_blocked() -> bool:
@@ -241,16 +250,13 @@ async def _cancel_once_the_key_exists(
     task = asyncio.ensure_future(acquire)
     try:
         await wait_for_key(admin, key)
-        assert proxy.bytes_held > 0 or not task.done(), "the reply was not held back"
+        assert not task.done(), "the reply was not held back"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
     finally:
         proxy.release_replies()
-        if not task.done():
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+        await finish(task)
 
 
 async def test_cancel_after_server_ran_the_set_undoes_it(
@@ -436,10 +442,12 @@ async def test_cancelled_release_still_completes(own: _OwnServer, name: str, for
             return bool(now) and not now & first
 
         await wait_until(sent_again, "the cancelled release to be sent again")
+        await own.admin.client_unpause()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     finally:
         await own.admin.client_unpause()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+        await finish(task)
     await assert_absent_and_stays(own.admin, lock.key)
     await assert_nothing_leaked(own.client)
 
@@ -622,7 +630,7 @@ async def _assert_storm_clean(
     storm: _Storm, clients: list[redis.Redis], admin: redis.Redis, name: str, why: str
 ) -> None:
     assert storm.errors == [], f"{why}: workers failed: {storm.errors!r}"
-    assert storm.most_active == 1, f"{why}: {storm.most_active} holders at once"
+    assert storm.most_active <= 1, f"{why}: {storm.most_active} holders at once"
     assert storm.active == 0, why
     assert await admin.keys(f"*{{{name}}}*") == [], f"{why}: a key was left behind"
     assert await other_tasks() == set(), f"{why}: a task outlived the storm"
@@ -635,7 +643,7 @@ async def test_cancellation_storm_keeps_mutual_exclusion_and_leaks_nothing(
 ) -> None:
     """60 tasks over 2 clients, random timeouts around acquire and body: no overlap, no leak."""
     seed = _seed()
-    plans = _storm_plans(random.Random(seed), workers=60, cycles=5)
+    plans = _storm_plans(random.Random(seed), workers=60, cycles=15)
     started = time.monotonic()
     async with asyncio_timeout(10.0):
         storm = await _run_storm([client, other_client], name, plans)
@@ -736,12 +744,18 @@ async def _steps_until_done(work: Awaitable[Any]) -> int:
     return steps
 
 
-async def _cancel_after_steps(work: Awaitable[Any], steps: int) -> tuple[bool, bool, Any]:
-    """Run ``work`` as a task, cancel it after ``steps`` loop steps.
+@dataclass
+class _Outcome:
+    """How a task that was cancelled after some loop steps ended."""
 
-    Returns whether the cancel was accepted, whether the task raised
-    ``CancelledError``, and its result otherwise.
-    """
+    accepted: bool  # Task.cancel() returned True: the task had not finished yet
+    cancelled: bool  # the task raised CancelledError
+    result: Any = None  # what it returned otherwise
+    cancelling: int = 0  # Task.cancelling() once it ended (Python 3.11+)
+
+
+async def _cancel_after_steps(work: Awaitable[Any], steps: int) -> _Outcome:
+    """Run ``work`` as a task, cancel it after ``steps`` loop steps, say how it ended."""
     task = asyncio.ensure_future(work)
     for _ in range(steps):
         await asyncio.sleep(0)
@@ -749,10 +763,11 @@ async def _cancel_after_steps(work: Awaitable[Any], steps: int) -> tuple[bool, b
     try:
         result = await task
     except asyncio.CancelledError:
-        return accepted, True, None
+        return _Outcome(accepted, cancelled=True)
+    outcome = _Outcome(accepted, cancelled=False, result=result)
     if sys.version_info >= (3, 11):
-        assert task.cancelling() == (1 if accepted else 0)
-    return accepted, False, result
+        outcome.cancelling = task.cancelling()
+    return outcome
 
 
 async def test_swallowed_cancellation_is_honoured(
@@ -765,8 +780,8 @@ async def test_swallowed_cancellation_is_honoured(
     span = await _steps_until_done(client.set(probe, "x")) + 4
     swallowed = 0
     for i in range(60):
-        accepted, cancelled, _ = await _cancel_after_steps(client.set(probe, "x"), i % span)
-        if accepted and not cancelled:  # returned although the cancel was accepted
+        probed = await _cancel_after_steps(client.set(probe, "x"), i % span)
+        if probed.accepted and not probed.cancelled:  # returned although cancelled
             swallowed += 1
     await client.delete(probe)
     if sys.version_info < (3, 12):
@@ -779,14 +794,15 @@ async def test_swallowed_cancellation_is_honoured(
     await lock.release()
     outcomes: dict[str, int] = {}
     for i in range(200):
-        accepted, cancelled, result = await _cancel_after_steps(lock.acquire(), i % span)
+        got = await _cancel_after_steps(lock.acquire(), i % span)
         why = f"iteration {i}, cancelled after {i % span} steps (span {span}), {outcomes}"
-        if cancelled:
+        if got.cancelled:
             assert await admin.exists(lock.key) == 0, f"{why}: cancelled, but the key is left"
             outcome = "cancelled"
         else:
-            assert not accepted, f"{why}: returned {result!r} although cancelled"
-            assert result is True, why
+            assert not got.accepted, f"{why}: returned {got.result!r} although cancelled"
+            assert got.cancelling == 0, f"{why}: returned with a cancellation pending"
+            assert got.result is True, why
             assert await lock.owned(), why
             await lock.release()  # a hand-off from the finished task
             outcome = "acquired before the cancel"

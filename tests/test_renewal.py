@@ -556,11 +556,18 @@ async def test_paused_server_loss_declared_and_no_resurrection(
         assert srv.paused, "the server must still be paused while leaving `async with`"
         assert isinstance(outcome.error, LockLostError), outcome.error
         assert outcome.exit_took < PROMPT_EXIT, f"leaving took {outcome.exit_took:.3f} s"
+        # The holder gives up at its lease end, a hair before the server's expiry (it
+        # measures from the send). Let the server's lease end too before resuming, so
+        # the stale extend still queued on the paused server finds the key expired.
+        await asyncio.sleep(0.05)
         srv.resume()
         assert await adm.get(lock.key) is None, "the key came back after the server resumed"
         assert _is_lost(lock), "the old holding came back to life"
         assert not await lock.owned()
         assert await other_tasks() == set()
+        await asyncio.sleep(ttl / 3 + 0.05)  # a renewal period: no watchdog revives it
+        assert await adm.exists(lock.key) == 0
+        assert _is_lost(lock)
         # The object itself is usable again: a fresh acquisition is not lost.
         async with lock:
             assert not _is_lost(lock)
@@ -599,10 +606,13 @@ async def test_release_during_inflight_renewal_leaves_nothing(
     """Releasing while a slow extend is in flight ends the watchdog and deletes the key for good."""
     latency = 0.04
     proxy = await FaultProxy(server.host, server.port).start()
-    proxy.set_latency(latency)
     c = redis.Redis.from_url(proxy.url)
-    lock = AsyncLock(c, name, ttl=0.3)
+    lock = AsyncLock(c, name, ttl=0.6)
     try:
+        # Two connections ready before the latency starts (one for the extend in flight,
+        # one for the release), so the lease is not spent on connection handshakes.
+        await asyncio.gather(c.ping(), c.ping())
+        proxy.set_latency(latency)
         assert await lock.acquire()
         before, _ = await _wait_for_renewal(admin, lock.key)
         watchdogs = _renewal_tasks()
@@ -641,6 +651,7 @@ async def test_server_restart_loses_lock_and_scripts_reload(
         await _wait_for_renewal(adm, lock.key)  # the watchdog (and its script) is in use
         srv.restart()
         restarted = time.monotonic()
+        await adm.connection_pool.disconnect()  # its connection died with the old process
         took = await losses.wait(timeout=2.0) - restarted
         assert took <= ttl / 3 + SLACK, f"the loss was noticed {took:.3f} s after the restart"
         assert _is_lost(lock)
