@@ -519,15 +519,19 @@ class AsyncLock:
         """Mark ``holding`` lost: flag, baton, ``cancel_on_lost``, ``on_lost``."""
         if holding.lost or holding.ended:
             return
-        holding.lost = True
-        holding.loss_reason = reason
         self._stop_watching(holding)
         self._pass_baton(holding)
-        logger.warning("lost lock %r: %s", self._name, reason)
         for scope in self._scopes.get(holding.task, ()):
             if scope is not None:
                 scope.cancel()
                 break
+        self._report_loss(holding, reason)
+
+    def _report_loss(self, holding: Holding, reason: str) -> None:
+        """Flag ``holding`` lost, log it, and run ``on_lost``."""
+        holding.lost = True
+        holding.loss_reason = reason
+        logger.warning("lost lock %r: %s", self._name, reason)
         if self._on_lost is not None:
             try:
                 result = self._on_lost(self)
@@ -589,9 +593,10 @@ class AsyncLock:
         nested releases gives the lock up. Completes even if cancelled.
 
         Raises:
-            LockNotOwnedError: nothing is held, or the key is no longer ours;
-                another holder's key is never touched.
-            LockLostError: the holding had already been declared lost.
+            LockNotOwnedError: nothing is held.
+            LockLostError: the holding was lost (declared before, or found
+                now: the lease had run out, or the key was no longer ours; then
+                ``on_lost`` runs too). Another holder's key is never touched.
         """
         holding = self._holding_to_release()
         if holding is None:
@@ -601,6 +606,9 @@ class AsyncLock:
             return
         task = _current_task()
         baseline = cancelling(task)
+        if not holding.lost and time.monotonic() >= holding.lease_end:
+            # The loop was blocked past the lease: the watchdog had no chance to run.
+            self._declare_lost(holding, "the lease ran out before release")
         self._end(holding)
         try:
             if holding.lost:
@@ -610,13 +618,13 @@ class AsyncLock:
             except asyncio.CancelledError:
                 await self._undo(holding.token)
                 raise
+            if not deleted:
+                self._report_loss(holding, "the key was gone or held by another holder at release")
         finally:
             self._pass_baton(holding)
             await self._settle(holding)
         if not deleted:
-            holding.lost = True
-            holding.loss_reason = "the key was gone or held by another holder at release"
-            raise LockNotOwnedError(
+            raise LockLostError(
                 f"lock {self._name!r} was no longer held by this holder at release "
                 "(its lease ran out); the key was left alone"
             )
@@ -715,6 +723,8 @@ class AsyncLock:
             if cancelled_by_loss:
                 raise LockLostError(f"lock {self._name!r} was lost while held") from None
             return
+        if not holding.lost and holding.depth == 1 and time.monotonic() >= holding.lease_end:
+            self._declare_lost(holding, "the lease ran out before the body ended")
         if holding.lost:
             self._end(holding)
             self._pass_baton(holding)
@@ -727,7 +737,11 @@ class AsyncLock:
         try:
             await self.release()
         except LockNotOwnedError as release_error:
-            lost = LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
+            lost = (
+                release_error
+                if isinstance(release_error, LockLostError)
+                else LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
+            )
             if exc is not None:
                 _add_note(exc, f"aiolock: {lost}")
                 return
