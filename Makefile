@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Only the source folders that exist (git keeps no empty folder).
+SOURCES := $(wildcard aiolock tests benchmarks examples)
 
 .PHONY: demo test lint types pytest clean
 
@@ -24,11 +26,11 @@ demo: $(VENV)/.demo-installed
 	$(BIN)/aiolock demo $(DEMO_ARGS)
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check aiolock tests benchmarks examples
-	$(BIN)/ruff format --check aiolock tests benchmarks examples
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 types: $(VENV)/.dev-installed
-	$(BIN)/mypy
+	$(BIN)/mypy $(SOURCES)
 
 pytest: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

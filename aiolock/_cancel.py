@@ -11,29 +11,27 @@ a lock correct when that happens:
   redis-py when a socket timeout is set) returns the inner result instead of
   raising when the cancellation and the result arrive in the same loop step
   (CPython gh-86296): the task's ``cancelling()`` count went up but no
-  ``CancelledError`` was raised.
+  ``CancelledError`` was raised. ``Task.cancelling()`` is why aiolock needs
+  Python 3.11: without it such a cancellation cannot be told apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 T = TypeVar("T")
 
 
-def cancelling(task: asyncio.Task[object] | None) -> int:
-    """Return how many cancellations of ``task`` are pending (0 before 3.11)."""
-    if task is None:
-        return 0
-    counter = getattr(task, "cancelling", None)
-    return int(counter()) if counter is not None else 0
+def cancelling(task: asyncio.Task[Any] | None) -> int:
+    """Return how many cancellations of ``task`` are pending."""
+    return 0 if task is None else task.cancelling()
 
 
-async def honour_cancellation(task: asyncio.Task[object] | None, baseline: int) -> None:
+async def honour_cancellation(task: asyncio.Task[Any] | None, baseline: int) -> None:
     """Raise ``CancelledError`` if ``task`` was cancelled since ``baseline``.
 
     A cancellation that is still pending is delivered by the ``sleep(0)``

@@ -102,12 +102,6 @@ def _current_task() -> asyncio.Task[Any]:
     return task
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    add_note = getattr(exc, "add_note", None)
-    if add_note is not None:
-        add_note(note)
-
-
 @final
 class AsyncLock:
     """A distributed lock on Redis or Valkey, for asyncio.
@@ -731,7 +725,7 @@ class AsyncLock:
             await self._settle(holding)
             error = LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
             if exc is not None:
-                _add_note(exc, f"aiolock: {error}")
+                exc.add_note(f"aiolock: {error}")
                 return
             raise error from None
         try:
@@ -743,11 +737,11 @@ class AsyncLock:
                 else LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
             )
             if exc is not None:
-                _add_note(exc, f"aiolock: {lost}")
+                exc.add_note(f"aiolock: {lost}")
                 return
             raise lost from None
         except (RedisError, OSError, RuntimeError) as release_error:
             if exc is not None:
-                _add_note(exc, f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
+                exc.add_note(f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
                 return
             raise

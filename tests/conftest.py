@@ -108,9 +108,7 @@ def in_use_connections(c: redis.Redis) -> int:
 
 
 @pytest.fixture
-async def no_leaks(
-    client: redis.Redis, admin: redis.Redis, name: str
-) -> AsyncIterator[None]:
+async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncIterator[None]:
     """After the test: no task left running, no connection checked out, no key of ``name``."""
     yield
     assert await other_tasks() == set(), "a task outlived the test"

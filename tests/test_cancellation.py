@@ -54,10 +54,8 @@ def _seed() -> int:
 
 
 def asyncio_timeout(delay: float | None) -> AbstractAsyncContextManager[Any]:
-    """``asyncio.timeout(delay)`` (Python 3.11+); skips the test on older Pythons."""
-    if sys.version_info >= (3, 11):
-        return asyncio.timeout(delay)
-    pytest.skip("asyncio.timeout needs Python 3.11")
+    """``asyncio.timeout(delay)``, typed as a plain async context manager."""
+    return asyncio.timeout(delay)
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -336,27 +334,24 @@ async def _by_anyio_task_group(lock: AsyncLock, delay: float) -> None:
 
 
 async def _by_asyncio_task_group(lock: AsyncLock, delay: float) -> None:
-    if sys.version_info < (3, 11):
-        pytest.skip("asyncio.TaskGroup needs Python 3.11")
-    else:
-        got: list[bool] = []
+    got: list[bool] = []
 
-        async def waiter() -> None:
-            async with lock:
-                got.append(True)
+    async def waiter() -> None:
+        async with lock:
+            got.append(True)
 
-        async def sibling() -> None:
-            await asyncio.sleep(delay)
-            raise _SiblingFailed
+    async def sibling() -> None:
+        await asyncio.sleep(delay)
+        raise _SiblingFailed
 
-        async def group() -> None:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(waiter())
-                tg.create_task(sibling())
+    async def group() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(waiter())
+            tg.create_task(sibling())
 
-        with pytest.RaisesGroup(_SiblingFailed):  # only the sibling's error, no CancelledError
-            await group()
-        assert got == []
+    with pytest.RaisesGroup(_SiblingFailed):  # only the sibling's error, no CancelledError
+        await group()
+    assert got == []
 
 
 async def _by_task_cancel(lock: AsyncLock, delay: float) -> None:
@@ -765,8 +760,7 @@ async def _cancel_after_steps(work: Awaitable[Any], steps: int) -> _Outcome:
     except asyncio.CancelledError:
         return _Outcome(accepted, cancelled=True)
     outcome = _Outcome(accepted, cancelled=False, result=result)
-    if sys.version_info >= (3, 11):
-        outcome.cancelling = task.cancelling()
+    outcome.cancelling = task.cancelling()
     return outcome
 
 

@@ -192,7 +192,9 @@ def test_asynclock_defaults() -> None:
         assert parameters[flag].default is False
 
 
-@pytest.mark.xfail(reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True)
+@pytest.mark.xfail(
+    reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True
+)
 def test_asynclock_has_the_replicas_option() -> None:
     """DESIGN.md §1 fixes `replicas` (WAIT acknowledgement) among AsyncLock's keyword options."""
     parameters = inspect.signature(AsyncLock.__init__).parameters
@@ -200,7 +202,9 @@ def test_asynclock_has_the_replicas_option() -> None:
     assert parameters["replicas"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
-@pytest.mark.xfail(reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True)
+@pytest.mark.xfail(
+    reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True
+)
 def test_redlock_is_exported() -> None:
     """DESIGN.md §1 names aiolock.Redlock([a, b, c], name, ttl=...) with AsyncLock's methods."""
     redlock = getattr(aiolock, "Redlock", None)
