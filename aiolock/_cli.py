@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``aiolock`` command line; return its exit status."""
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from ._demo import DemoConfig, run_demo
+        from ._demo import DemoConfig, run_demo  # imported here to keep --help fast
 
         config = DemoConfig(
             url=args.url,

@@ -112,6 +112,7 @@ class _Progress:
         self._bar: Any = None
         self._task: Any = None
         try:
+            # rich is optional (the demo extra): plain lines without it.
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -154,7 +155,7 @@ def _server_for(url: str | None, out: TextIO) -> Iterator[str]:
     if url:
         yield url
         return
-    from .testing import RedisServer, server_version
+    from .testing import RedisServer, server_version  # only needed without a URL
 
     with RedisServer() as server:
         print(f"started {server_version()} on {server.host}:{server.port}", file=out)

@@ -307,7 +307,7 @@ class AsyncLock:
     async def acquire(
         self,
         blocking: bool | None = None,
-        timeout: float | _Unset | None = _UNSET,  # noqa: ASYNC109 - DESIGN.md §1
+        timeout: float | _Unset | None = _UNSET,  # noqa: ASYNC109 - a name of the public contract
     ) -> bool:
         """Acquire the lock; return True once held, False if not within the timeout.
 
@@ -318,9 +318,13 @@ class AsyncLock:
                 ``None`` waits forever, ``0`` tries once.
 
         Raises:
-            LockError: the calling task already holds this non-reentrant lock.
+            LockError: the calling task already holds this non-reentrant lock
+                (or the same key through another lock object on this client).
+            LockLostError: the calling task's holding was lost and has not
+                been released yet.
+            TypeError: ``blocking`` is not a bool, or ``timeout`` not a number.
             ValueError: ``timeout`` is negative or NaN, or given together
-                with ``blocking=False``.
+                with ``blocking=False``; or the backoff policy yields a bad delay.
         """
         if blocking is None:
             blocking = self._blocking
@@ -374,7 +378,7 @@ class AsyncLock:
     ) -> Holding | None:
         """Try on the server until acquired or past the deadline (we hold the baton)."""
         delays: Iterator[float] | None = None
-        delay = 0.0
+        step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
         while True:
             token = secrets.token_hex(16)
             sent = time.monotonic()
@@ -390,7 +394,8 @@ class AsyncLock:
                 return None
             if delays is None:
                 delays = self._backoff.delays()
-            delay = _backoff._check_delay(next(delays, delay))
+            step = _backoff._check_delay(next(delays, step))
+            delay = step
             pttl = int(reply[1]) if reply is not None else -1
             if pttl >= 0:
                 delay = min(delay, pttl / 1000 + 0.001)

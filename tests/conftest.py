@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
@@ -17,11 +18,6 @@ import redis.asyncio as redis
 
 from aiolock.testing import RedisServer, find_server_binary, server_version
 
-try:
-    import uvloop
-except ImportError:  # pragma: no cover - uvloop is a dev dependency
-    uvloop = None
-
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
@@ -30,7 +26,9 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
     }
-    if uvloop is not None:
+    if sys.platform != "win32":  # uvloop is a dev dependency wherever it exists
+        import uvloop
+
         factories["uvloop"] = uvloop.new_event_loop
     return factories
 
