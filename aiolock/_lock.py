@@ -387,9 +387,13 @@ class AsyncLock:
                 if reply is not None and reply[0]:
                     await self._undo(token)
                 await honour_cancellation(task, baseline)
-            if reply is not None and reply[0]:
-                return self._hold(task, token, sent, int(reply[1]) if self._fencing else None)
             now = time.monotonic()
+            if reply is not None and reply[0]:
+                if now < sent + self._ttl:
+                    return self._hold(task, token, sent, int(reply[1]) if self._fencing else None)
+                # The reply came after the lease it granted had run out: not a lock.
+                await self._undo(token)
+                reply = None
             if deadline is not None and now >= deadline:
                 return None
             if delays is None:

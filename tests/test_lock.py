@@ -19,6 +19,7 @@ import anyio
 import pytest
 import redis.asyncio as redis
 from conftest import in_use_connections
+from faultproxy import FaultProxy
 from redis.crc import key_slot
 
 from aiolock import (
@@ -757,3 +758,26 @@ async def test_uncontended_cycles_do_not_leak_connections(
     assert 1 <= created <= 2, created
     after = len(await admin.client_list())
     assert after - before <= created, (before, after, created)
+
+
+async def test_a_grant_that_arrives_after_its_lease_is_not_a_lock(
+    server: RedisServer, name: str
+) -> None:
+    """A reply slower than the lease it grants is undone and counts as a failed attempt."""
+    proxy = await FaultProxy(server.host, server.port).start()
+    c = redis.Redis.from_url(proxy.url)
+    adm = redis.Redis.from_url(server.url)
+    try:
+        await c.ping()  # the connection is ready; now every reply comes 0.15 s late
+        proxy.set_latency(0.15)
+        lock = AsyncLock(c, name, ttl=0.1)
+        assert not await lock.acquire(timeout=0.5)
+        assert not lock.lost
+        assert await adm.exists(lock.key) == 0
+        proxy.pass_through()
+        assert await lock.acquire(timeout=1.0)  # a fast enough server: held as usual
+        await lock.release()
+    finally:
+        await c.aclose()
+        await adm.aclose()
+        await proxy.aclose()
