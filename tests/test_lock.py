@@ -8,11 +8,12 @@ and §6 (ownership inside a process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -39,6 +40,17 @@ WORKER = Path(__file__).with_name("_test_lock_worker.py")
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def held_elsewhere(c: redis.Redis, lock_name: str) -> AsyncIterator[AsyncLock]:
+    """Hold ``lock_name`` through another client object (another "process") meanwhile."""
+    holder = AsyncLock(c, lock_name)
+    assert await holder.acquire()
+    try:
+        yield holder
+    finally:
+        await holder.release()
 
 
 async def calls(admin: redis.Redis, command: str) -> int:
@@ -430,9 +442,7 @@ async def test_try_once(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, how: str
 ) -> None:
     """timeout=0 and blocking=False send exactly one attempt and return False at once."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name):
         lock = AsyncLock(client, name)
         async with AsyncLock(client, f"{name}:warm"):  # the scripts are loaded
             pass
@@ -447,8 +457,6 @@ async def test_try_once(
         assert not await AsyncLock(client, name, timeout=0).acquire()
         assert not await AsyncLock(client, name, blocking=False).acquire()
         assert await calls(admin, "evalsha") == 3
-    finally:
-        await holder.release()
 
 
 async def test_blocking_false_with_timeout_is_rejected(client: redis.Redis, name: str) -> None:
@@ -463,32 +471,24 @@ async def test_acquire_timeout_returns_false_in_time(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """acquire(timeout=0.3) on a lock held elsewhere returns False after 0.3 s, not much later."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name):
         lock = AsyncLock(client, name)
         started = time.monotonic()
         assert not await lock.acquire(timeout=0.3)
         elapsed = time.monotonic() - started
         assert 0.3 <= elapsed < 0.4, elapsed
-    finally:
-        await holder.release()
 
 
 async def test_long_backoff_is_capped_by_remaining_timeout(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """A waiter with backoff.constant(10) still returns at its 0.3 s timeout, not after 10 s."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name):
         lock = AsyncLock(client, name, backoff=backoff.constant(10))
         started = time.monotonic()
         assert not await lock.acquire(timeout=0.3)
         elapsed = time.monotonic() - started
         assert 0.3 <= elapsed < 0.45, elapsed
-    finally:
-        await holder.release()
 
 
 async def test_long_backoff_is_capped_by_holder_pttl(
@@ -516,9 +516,7 @@ async def test_async_with_raises_acquire_timeout(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """`async with` a lock held elsewhere raises AcquireTimeout, a TimeoutError and a LockError."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name) as holder:
         body_ran = False
         with pytest.raises(AcquireTimeout) as caught:
             async with AsyncLock(client, name, timeout=0.1):
@@ -530,8 +528,6 @@ async def test_async_with_raises_acquire_timeout(
                 body_ran = True
         assert not body_ran
         assert await holder.owned()
-    finally:
-        await holder.release()
 
 
 async def test_timeout_none_waits_until_release(
@@ -634,9 +630,7 @@ async def test_custom_policy_delays_are_slept(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
     """A Backoff subclass gives a fresh iterator per acquisition and its delays are slept."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name):
         policy = CountingPolicy(0.05)
         lock = AsyncLock(client, name, backoff=policy)
         policy.iterators = policy.drawn = 0  # forget what the constructor probed
@@ -649,8 +643,6 @@ async def test_custom_policy_delays_are_slept(
         assert 5 <= attempts <= 8, attempts
         assert not await lock.acquire(timeout=0.06)
         assert policy.iterators == 2
-    finally:
-        await holder.release()
 
 
 async def test_callable_backoff_gets_attempt_numbers(
@@ -663,9 +655,7 @@ async def test_callable_backoff_gets_attempt_numbers(
         seen.append(attempt)
         return 0.05
 
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
-    try:
+    async with held_elsewhere(other_client, name):
         lock = AsyncLock(client, name, backoff=pause)
         seen.clear()  # forget what the constructor probed
         started = time.monotonic()
@@ -676,8 +666,6 @@ async def test_callable_backoff_gets_attempt_numbers(
         seen.clear()
         assert not await lock.acquire(timeout=0.06)
         assert seen[:1] == [1], seen  # a fresh count for each acquisition
-    finally:
-        await holder.release()
 
 
 async def test_spin_waiter_gets_the_lock(
