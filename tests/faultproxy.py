@@ -105,12 +105,14 @@ class _Conn:
         if self.held:
             self.held_chunks.append(data)
             return
+        self.proxy._replies_forwarded += 1
         self.to_client.send(data, self.proxy._latency)
 
     def release(self) -> None:
         self.held = False
         chunks, self.held_chunks = self.held_chunks, []
         for chunk in chunks:
+            self.proxy._replies_forwarded += 1
             self.to_client.send(chunk, self.proxy._latency)
 
     # --- life cycle --------------------------------------------------------------------------
@@ -294,6 +296,7 @@ class FaultProxy:
         self._black_hole = False
         self._hold_new = False
         self._closing = False
+        self._replies_forwarded = 0
 
     @property
     def url(self) -> str:
@@ -393,3 +396,12 @@ class FaultProxy:
     def bytes_held(self) -> int:
         """The number of server-to-client bytes currently held back."""
         return sum(conn.bytes_held for conn in self._conns)
+
+    @property
+    def replies_forwarded(self) -> int:
+        """How many server-to-client chunks have been passed on (queued for the client).
+
+        With no latency a chunk counted here is already written to the client's
+        socket, so a black hole set afterwards cannot stop the client reading it.
+        """
+        return self._replies_forwarded

@@ -54,25 +54,35 @@ def _renewal_tasks() -> list[asyncio.Task[Any]]:
 
 
 async def _wait_for_renewal(
-    adm: redis.Redis, key: str, timeout: float = 2.0
+    adm: redis.Redis, key: str, timeout: float = 2.0, *, via: FaultProxy | None = None
 ) -> tuple[float, float]:
     """Poll the key's PTTL until it goes up: a renewal reached the server.
 
     Returns ``(before, after)``: the server ran the renewal after the poll sent
     at ``before`` and before the reply to the poll received at ``after``.
+
+    With ``via`` (the proxy the holder talks through), also wait until the proxy
+    has passed on a reply since ``before``, so the holder is sure to learn that
+    the renewal worked even if the proxy turns into a black hole right after.
     """
     deadline = time.monotonic() + timeout
     before = time.monotonic()
+    forwarded = via.replies_forwarded if via is not None else 0
     last = await adm.pttl(key)
     assert last > 0, f"the key {key!r} is not held with a lease (PTTL {last})"
     while time.monotonic() < deadline:
         await asyncio.sleep(0.002)
         sent = time.monotonic()
+        mark = via.replies_forwarded if via is not None else 0
         now = await adm.pttl(key)
         if now > last:
-            return before, time.monotonic()
+            after = time.monotonic()
+            while via is not None and via.replies_forwarded <= forwarded:
+                assert time.monotonic() < deadline, "the renewal's reply never left the proxy"
+                await asyncio.sleep(0.001)
+            return before, after
         assert now > 0, f"the key {key!r} expired instead of being renewed (PTTL {now})"
-        before, last = sent, now
+        before, last, forwarded = sent, now, mark
     raise AssertionError(f"no renewal of {key!r} reached the server within {timeout} s")
 
 
@@ -497,7 +507,7 @@ async def test_unreachable_server_loss_declared_by_lease_end(
 
     async def body() -> None:
         token = await admin.get(lock.key)
-        before, after = await _wait_for_renewal(admin, lock.key)
+        before, after = await _wait_for_renewal(admin, lock.key, via=proxy)
         proxy.black_hole()
         # The last renewal that worked ran on the server between `before` and `after`
         # (polled every ~2 ms), so the holder sent it before `after`. The server expires
