@@ -8,7 +8,9 @@ PYTEST_ARGS ?=
 # Only the source folders that exist (git keeps no empty folder).
 SOURCES := $(wildcard aiolock tests benchmarks examples)
 
-.PHONY: demo test lint types pytest clean
+BENCH_ARGS ?=
+
+.PHONY: demo test bench lint types pytest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +20,21 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $@ $(VENV)/.demo-installed
+
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@ $(VENV)/.demo-installed
+	touch $@ $(VENV)/.demo-installed $(VENV)/.bench-installed
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/aiolock demo $(DEMO_ARGS)
+
+# Every benchmark, one after another; each prints its tables and writes its chart
+# (benchmarks/results/*.png, *.json). BENCH_ARGS goes to each, e.g. BENCH_ARGS=--quick.
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check $(SOURCES)

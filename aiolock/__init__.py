@@ -15,7 +15,7 @@ expiry) and :mod:`aiolock.backoff` for the waiting policies.
 
 from . import backoff
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
-from ._lock import AsyncLock
+from ._lock import AsyncLock, LockStatistics
 from ._version import __version__
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "LockError",
     "LockLostError",
     "LockNotOwnedError",
+    "LockStatistics",
     "__version__",
     "backoff",
 ]

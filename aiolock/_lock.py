@@ -9,6 +9,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, final
 
@@ -16,15 +17,16 @@ import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
+from . import _notify
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation, run_shielded
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
 from ._types import Client
-from ._waiting import queue_for
+from ._waiting import existing_queue, queue_for
 
-__all__ = ["AsyncLock"]
+__all__ = ["AsyncLock", "LockStatistics"]
 
 logger = logging.getLogger("aiolock")
 
@@ -44,6 +46,23 @@ class _Unset:
 
 
 _UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """What :meth:`AsyncLock.statistics` returns: a lock as this process sees it.
+
+    Attributes:
+        held: a task of this process holds the lock through this client.
+        owner: that task, or None.
+        tasks_waiting: how many tasks of this process wait for the lock
+            through this client (the first of them may be talking to the
+            server; the others wait in the local queue behind it).
+    """
+
+    held: bool
+    owner: asyncio.Task[Any] | None
+    tasks_waiting: int
 
 
 def _check_client(client: object) -> Client:
@@ -302,6 +321,23 @@ class AsyncLock:
         holding = self._by_task.get(task) if task is not None else None
         return holding if holding is not None else self._last
 
+    def statistics(self) -> LockStatistics:
+        """Describe the lock as this process sees it, without asking the server.
+
+        The view is that of the lock's client: every :class:`AsyncLock` with
+        the same client and name shares it. Holders in other processes (or
+        on other client objects) are not seen; :meth:`locked` asks the server.
+        """
+        queue = existing_queue(self._client, self._key)
+        if queue is None:
+            return LockStatistics(held=False, owner=None, tasks_waiting=0)
+        contending = queue.owner is not None and queue.holder is None
+        return LockStatistics(
+            held=queue.holder is not None,
+            owner=queue.holder,
+            tasks_waiting=queue.waiting + int(contending),
+        )
+
     # -- acquire -----------------------------------------------------------------------
 
     async def acquire(
@@ -376,43 +412,63 @@ class AsyncLock:
     async def _contend(
         self, task: asyncio.Task[Any], deadline: float | None, baseline: int
     ) -> Holding | None:
-        """Try on the server until acquired or past the deadline (we hold the baton)."""
-        delays: Iterator[float] | None = None
-        step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
-        while True:
-            token = secrets.token_hex(16)
-            sent = time.monotonic()
-            reply = await self._attempt(token, deadline)
-            if cancelling(task) > baseline:
-                if reply is not None and reply[0]:
-                    await self._undo(token)
-                await honour_cancellation(task, baseline)
-            now = time.monotonic()
-            if reply is not None and reply[0]:
-                if now < sent + self._ttl:
-                    return self._hold(task, token, sent, int(reply[1]) if self._fencing else None)
-                # The reply came after the lease it granted had run out: not a lock.
-                await self._undo(token)
-                reply = None
-            if deadline is not None and now >= deadline:
-                return None
-            if delays is None:
-                delays = self._backoff.delays()
-            step = _backoff._check_delay(next(delays, step))
-            delay = step
-            pttl = int(reply[1]) if reply is not None else -1
-            if pttl >= 0:
-                delay = min(delay, pttl / 1000 + 0.001)
-            elif pttl == -2:
-                delay = 0.0
-            if deadline is not None:
-                delay = min(delay, deadline - now)
-            await self._pause(delay)
-            await honour_cancellation(task, baseline)
+        """Try on the server until acquired or past the deadline (we hold the baton).
 
-    async def _pause(self, delay: float) -> None:
-        """Wait ``delay`` seconds before the next attempt."""
-        await anyio.sleep(delay)
+        Between attempts it waits for the backoff step, capped by the holder's
+        PTTL and the deadline, and, with ``notify``, cut short by a release
+        message on the lock's channel.
+        """
+        subscription: _notify.Subscription | None = None
+        try:
+            delays: Iterator[float] | None = None
+            step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
+            seen: int | None = None
+            while True:
+                # Note the channel's generation before the attempt: news after this
+                # point (a release, a subscription confirmed) means "try again at once".
+                if subscription is not None:
+                    subscription.mark()
+                elif self._notify:
+                    seen = _notify.generation(self._client, self._channel)
+                token = secrets.token_hex(16)
+                sent = time.monotonic()
+                reply = await self._attempt(token, deadline)
+                if cancelling(task) > baseline:
+                    if reply is not None and reply[0]:
+                        await self._undo(token)
+                    await honour_cancellation(task, baseline)
+                now = time.monotonic()
+                if reply is not None and reply[0]:
+                    if now < sent + self._ttl:
+                        fence = int(reply[1]) if self._fencing else None
+                        return self._hold(task, token, sent, fence)
+                    # The reply came after the lease it granted had run out: not a lock.
+                    await self._undo(token)
+                    reply = None
+                if deadline is not None and now >= deadline:
+                    return None
+                if delays is None:
+                    delays = self._backoff.delays()
+                step = _backoff._check_delay(next(delays, step))
+                delay = step
+                pttl = int(reply[1]) if reply is not None else -1
+                if pttl >= 0:
+                    # An expiring holder sends no message: wake when its lease ends.
+                    delay = min(delay, pttl / 1000 + 0.001)
+                elif pttl == -2:
+                    delay = 0.0
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if subscription is None and self._notify and delay > 0:
+                    subscription = await _notify.subscribe(self._client, self._channel, seen)
+                if subscription is None:
+                    await anyio.sleep(delay)
+                else:
+                    await subscription.wait(delay)
+                await honour_cancellation(task, baseline)
+        finally:
+            if subscription is not None:
+                subscription.close()
 
     async def _attempt(self, token: str, deadline: float | None) -> list[int] | None:
         """Send one acquire attempt; None if it was cut off at the deadline.
@@ -458,6 +514,7 @@ class AsyncLock:
     def _hold(self, task: asyncio.Task[Any], token: str, sent: float, fence: int | None) -> Holding:
         """Record a new holding of ``task`` and start watching its lease."""
         holding = Holding(token, task, self._ttl, sent, fence)
+        queue_for(self._client, self._key).holder = task
         self._by_task[task] = holding
         self._current = holding
         self._last = holding

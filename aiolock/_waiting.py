@@ -23,19 +23,20 @@ import anyio
 
 from ._exceptions import LockError
 
-__all__ = ["LocalQueue", "queue_for"]
+__all__ = ["LocalQueue", "existing_queue", "queue_for"]
 
 
 @final
 class LocalQueue:
     """The FIFO of local tasks that want one key through one client."""
 
-    __slots__ = ("__weakref__", "_home", "_key", "_waiters", "owner")
+    __slots__ = ("__weakref__", "_home", "_key", "_waiters", "holder", "owner")
 
     def __init__(self, home: dict[str, LocalQueue], key: str) -> None:
         self._home = home
         self._key = key
-        self.owner: asyncio.Task[Any] | None = None
+        self.owner: asyncio.Task[Any] | None = None  # the baton holder
+        self.holder: asyncio.Task[Any] | None = None  # the baton holder, once it holds the lock
         self._waiters: deque[tuple[asyncio.Task[Any], asyncio.Future[None]]] = deque()
 
     @property
@@ -90,6 +91,7 @@ class LocalQueue:
 
     def leave(self) -> None:
         """Give the baton to the next waiter, or free the queue."""
+        self.holder = None
         while self._waiters:
             task, future = self._waiters.popleft()
             if not future.done():
@@ -114,3 +116,9 @@ def queue_for(client: object, key: str) -> LocalQueue:
     if queue is None:
         queue = home[key] = LocalQueue(home, key)
     return queue
+
+
+def existing_queue(client: object, key: str) -> LocalQueue | None:
+    """Return the local queue of ``key`` on ``client`` if anyone is in it."""
+    home = _queues.get(client)
+    return None if home is None else home.get(key)

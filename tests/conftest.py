@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
@@ -93,11 +94,31 @@ def name(request: pytest.FixtureRequest) -> str:
     return f"{base}:{uuid.uuid4().hex[:8]}"
 
 
+def is_listener(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` is the release-notification listener of a client.
+
+    Listeners outlive the waits that started them by a short linger, and end
+    by themselves; :func:`no_leaks` checks that they do.
+    """
+    return task.get_name().startswith("aiolock-notify")
+
+
 async def other_tasks() -> set[asyncio.Task[Any]]:
-    """The tasks of this loop other than the caller, after letting finished ones go."""
+    """The tasks of this loop but the caller and listeners, after letting finished ones go."""
     for _ in range(3):
         await asyncio.sleep(0)
-    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+    me = asyncio.current_task()
+    return {t for t in asyncio.all_tasks() if t is not me and not is_listener(t)}
+
+
+async def listeners_gone(timeout: float = 3.0) -> bool:
+    """Wait until no release-notification listener task runs; False if one still does."""
+    deadline = time.monotonic() + timeout
+    while any(is_listener(t) for t in asyncio.all_tasks()):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def in_use_connections(c: redis.Redis) -> int:
@@ -110,5 +131,7 @@ async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncI
     """After the test: no task left running, no connection checked out, no key of ``name``."""
     yield
     assert await other_tasks() == set(), "a task outlived the test"
+    assert await listeners_gone(), "a release-notification listener did not stop by itself"
     assert in_use_connections(client) == 0, "a connection was left checked out"
     assert await admin.keys(f"*{{{name}}}*") == [], "a key was left on the server"
+

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as redis
-from conftest import in_use_connections, other_tasks
+from conftest import in_use_connections, listeners_gone, other_tasks
 from faultproxy import FaultProxy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,11 +140,20 @@ def loop_factories() -> list[Callable[[], asyncio.AbstractEventLoop]]:
 def run_on(
     factory: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, Any, None]
 ) -> None:
-    """Run ``main`` to completion on a fresh loop from ``factory``, then close the loop."""
+    """Run ``main`` to completion on a fresh loop from ``factory``, then close the loop.
+
+    Like ``asyncio.run``: tasks still running at the end (a notification
+    listener in its linger) are cancelled before the loop closes.
+    """
     loop = factory()
     try:
         loop.run_until_complete(main)
     finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
@@ -629,6 +638,7 @@ async def _assert_storm_clean(
     assert storm.active == 0, why
     assert await admin.keys(f"*{{{name}}}*") == [], f"{why}: a key was left behind"
     assert await other_tasks() == set(), f"{why}: a task outlived the storm"
+    assert await listeners_gone(), f"{why}: a notification listener did not stop by itself"
     for c in clients:
         assert in_use_connections(c) == 0, f"{why}: a connection was left checked out"
 

@@ -35,6 +35,7 @@ AIOLOCK_ALL = [
     "LockError",
     "LockLostError",
     "LockNotOwnedError",
+    "LockStatistics",
     "__version__",
     "backoff",
 ]

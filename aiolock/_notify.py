@@ -1,0 +1,424 @@
+"""Release notifications: one shared pub/sub connection per client.
+
+A release publishes an empty message on ``<key>:released`` (``SPUBLISH`` on
+a cluster). A task that waits for a lock held elsewhere subscribes to that
+channel and then sleeps until whichever comes first: a message, or its
+backoff step (an expiring holder sends no message, so the step, capped by
+the holder's PTTL, bounds every wait).
+
+Every lock of one client shares one :class:`_Listener`: one dedicated
+connection (made like the client's own, outside its pool) and one task that
+reads it. Subscriptions are counted per channel; a channel nobody waits on
+is unsubscribed after :data:`LINGER` seconds (so a queue of local waiters
+taking turns does not churn), and the connection and its task end once no
+channel is left. Nothing runs while nobody waits.
+
+A waiter never depends on the listener for progress. If the connection
+breaks, every waiter is woken at once and goes on polling with its backoff
+policy; the listener reconnects with backoff, subscribes again, and wakes the
+waiters once more (a release may have been missed meanwhile).
+
+Generations make missed wake-ups impossible: every event on a channel (a
+message, a confirmed subscription, a broken connection) bumps its generation.
+A waiter notes the generation before each attempt and, if it moved by the
+time it would sleep, tries again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, final
+
+import anyio
+import anyio.lowlevel
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+    from ._types import Client
+
+__all__ = ["LINGER", "Subscription", "generation", "subscribe"]
+
+logger = logging.getLogger("aiolock")
+
+#: Seconds a channel stays subscribed after its last waiter left.
+LINGER = 0.25
+#: Seconds without any traffic after which the listener sends a PING.
+IDLE_PING = 15.0
+#: Seconds a subscription, or a PING, may go unanswered before the
+#: connection counts as broken.
+REPLY_BOUND = 2.0
+#: Seconds a connection attempt may take.
+CONNECT_BOUND = 2.0
+#: The reconnection delays: the first, and the cap of the doubling.
+RECONNECT_FIRST = 0.05
+RECONNECT_CAP = 2.0
+
+TASK_PREFIX = "aiolock-notify"
+
+
+class _State(enum.Enum):
+    NEW = "new"  # not asked for on the current connection (or none yet)
+    PENDING = "pending"  # SUBSCRIBE sent, not confirmed
+    LIVE = "live"  # confirmed: releases reach us
+
+
+@final
+class _Channel:
+    __slots__ = ("generation", "name", "raw", "refs", "since", "state", "waiters")
+
+    def __init__(self, name: str, raw: bytes) -> None:
+        self.name = name
+        self.raw = raw
+        self.refs = 0
+        self.generation = 0
+        self.state = _State.NEW
+        self.since = time.monotonic()  # when it was sent (PENDING) or last left (refs == 0)
+        self.waiters: set[asyncio.Future[None]] = set()
+
+    def bump(self) -> None:
+        """Record an event and wake everyone waiting on this channel."""
+        self.generation += 1
+        for future in self.waiters:
+            if not future.done():
+                future.set_result(None)
+        self.waiters.clear()
+
+
+def _connection_for(client: Client, channel: str) -> tuple[str, Any, dict[str, Any]]:
+    """Return ``(listener id, connection class, kwargs)`` for ``channel`` on ``client``."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(channel)
+        if node is None:
+            raise LookupError(f"no cluster node serves {channel!r} yet")
+        return node.name, node.connection_class, dict(node.connection_kwargs)
+    pool = client.connection_pool
+    return "", pool.connection_class, dict(pool.connection_kwargs)
+
+
+@final
+class _Listener:
+    """One pub/sub connection and the task that reads it."""
+
+    __slots__ = (
+        "__weakref__",
+        "_channels",
+        "_confirmed",
+        "_conn",
+        "_connection_class",
+        "_encoding",
+        "_heard",
+        "_kwargs",
+        "_ping_sent",
+        "_sharded",
+        "_task",
+        "_write_lock",
+        "label",
+    )
+
+    def __init__(
+        self, label: str, connection_class: Any, kwargs: dict[str, Any], sharded: bool
+    ) -> None:
+        self.label = label
+        self._connection_class = connection_class
+        # A connection of its own, outside the pool: RESP2 (messages as plain
+        # arrays), no socket timeout (it waits for messages), no hidden retries.
+        kwargs.update(
+            protocol=2,
+            socket_timeout=None,
+            socket_connect_timeout=kwargs.get("socket_connect_timeout") or CONNECT_BOUND,
+            health_check_interval=0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._kwargs = kwargs
+        self._sharded = sharded
+        self._channels: dict[bytes, _Channel] = {}
+        self._conn: AbstractConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._ping_sent: float | None = None
+        self._heard = time.monotonic()
+        self._confirmed = False
+        self._encoding = str(kwargs.get("encoding") or "utf-8")
+
+    # -- waiters' side ------------------------------------------------------------------
+
+    def generation(self, name: str) -> int | None:
+        channel = self._channels.get(name.encode(self._encoding))
+        return None if channel is None else channel.generation
+
+    async def subscribe(self, name: str, seen: int | None) -> Subscription:
+        raw = name.encode(self._encoding)
+        channel = self._channels.get(raw)
+        if channel is None:
+            channel = self._channels[raw] = _Channel(name, raw)
+            seen = 0  # the confirmation will bump it: try again once subscribed
+        elif seen is None:
+            seen = -1  # it appeared since the attempt: something may have been missed
+        channel.refs += 1
+        subscription = Subscription(self, channel, seen)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{TASK_PREFIX}:{self.label or 'client'}"
+            )
+        elif channel.state is _State.NEW and self._conn is not None:
+            channel.state = _State.PENDING
+            channel.since = time.monotonic()
+            try:
+                await self._send(self._conn, self._command("SUBSCRIBE"), raw)
+            except BaseException:
+                subscription.close()
+                raise
+        return subscription
+
+    def unref(self, channel: _Channel) -> None:
+        channel.refs -= 1
+        if channel.refs == 0:
+            channel.since = time.monotonic()
+
+    # -- the listener task --------------------------------------------------------------
+
+    def _command(self, verb: str) -> str:
+        return f"S{verb}" if self._sharded else verb
+
+    async def _send(self, conn: AbstractConnection, *args: Any) -> None:
+        """Send one command on ``conn``; a failure breaks the connection (the reader sees it)."""
+        try:
+            async with self._write_lock:
+                await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+        except (RedisError, OSError) as exc:
+            logger.debug("aiolock: pub/sub send failed: %r", exc)
+            await conn.disconnect(nowait=True)
+
+    async def _run(self) -> None:
+        failures = 0
+        try:
+            while self._channels:
+                conn = self._connection_class(**self._kwargs)
+                self._confirmed = False
+                try:
+                    with anyio.fail_after(CONNECT_BOUND):
+                        await conn.connect()
+                    self._conn = conn
+                    self._ping_sent = None
+                    self._heard = time.monotonic()
+                    await self._subscribe_new(conn)
+                    await self._read(conn)
+                except Exception as exc:
+                    if failures == 0 or self._confirmed:
+                        logger.warning(
+                            "aiolock: release notifications interrupted (%r); "
+                            "waiters poll until the connection is back",
+                            exc,
+                        )
+                finally:
+                    self._conn = None
+                    self._broken()
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect(nowait=True)
+                if self._confirmed:
+                    failures = 0  # it worked: the next break retries fast
+                if self._channels:
+                    await anyio.sleep(min(RECONNECT_CAP, RECONNECT_FIRST * 2**failures))
+                    failures += 1
+        finally:
+            self._task = None
+            self._conn = None
+            self._broken()
+
+    async def _subscribe_new(self, conn: AbstractConnection) -> None:
+        new = [c for c in self._channels.values() if c.state is _State.NEW]
+        now = time.monotonic()
+        for channel in new:
+            channel.state = _State.PENDING
+            channel.since = now
+        if new:
+            await self._send(conn, self._command("SUBSCRIBE"), *(c.raw for c in new))
+
+    def _broken(self) -> None:
+        """The connection is gone: nothing is subscribed; wake every waiter to poll.
+
+        Channels nobody waits on are forgotten at once: reconnecting is only
+        worth it for waiters.
+        """
+        for channel in list(self._channels.values()):
+            channel.state = _State.NEW
+            if channel.refs == 0:
+                del self._channels[channel.raw]
+            channel.bump()
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        """Read pushed replies until no channel is wanted; raise when the connection fails."""
+        while True:
+            await self._drop_idle(conn)
+            if not self._channels:
+                return
+            reply = await conn.read_response(
+                disable_decoding=True, timeout=self._read_bound(), disconnect_on_error=True
+            )
+            if reply is None:
+                await self._check_health(conn)
+            else:
+                self._heard = time.monotonic()
+                self._ping_sent = None
+                self._dispatch(reply)
+
+    def _read_bound(self) -> float:
+        """How long the next read may wait before some housekeeping is due."""
+        now = time.monotonic()
+        bound = self._heard + IDLE_PING - now
+        for channel in self._channels.values():
+            if channel.state is _State.PENDING:
+                bound = min(bound, channel.since + REPLY_BOUND - now)
+            if channel.refs == 0:
+                bound = min(bound, channel.since + LINGER - now)
+        if self._ping_sent is not None:
+            bound = min(bound, self._ping_sent + REPLY_BOUND - now)
+        return max(bound, 0.001)
+
+    async def _check_health(self, conn: AbstractConnection) -> None:
+        """A read timed out: raise if an answer is overdue; PING if the line was quiet."""
+        now = time.monotonic()
+        if self._ping_sent is not None and now - self._ping_sent >= REPLY_BOUND:
+            raise TimeoutError("the pub/sub connection stopped answering")
+        for channel in self._channels.values():
+            if channel.state is _State.PENDING and now - channel.since >= REPLY_BOUND:
+                raise TimeoutError("the pub/sub connection stopped answering")
+        if self._ping_sent is None and now - self._heard >= IDLE_PING:
+            self._ping_sent = now
+            await self._send(conn, "PING")
+
+    async def _drop_idle(self, conn: AbstractConnection) -> None:
+        """Forget channels nobody has wanted for :data:`LINGER` seconds; unsubscribe them."""
+        now = time.monotonic()
+        idle = [c for c in self._channels.values() if c.refs == 0 and now - c.since >= LINGER]
+        if not idle:
+            return
+        for channel in idle:
+            del self._channels[channel.raw]
+            channel.bump()
+        if self._channels:  # otherwise the connection is closed, which unsubscribes all
+            asked = [c.raw for c in idle if c.state is not _State.NEW]
+            if asked:
+                await self._send(conn, self._command("UNSUBSCRIBE"), *asked)
+
+    def _dispatch(self, reply: Any) -> None:
+        """Handle one pushed reply."""
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = bytes(reply[0]).lower()
+        channel = self._channels.get(reply[1]) if isinstance(reply[1], bytes) else None
+        if channel is None:
+            return  # a PONG, or news of a channel already forgotten
+        if kind in (b"message", b"smessage"):
+            channel.bump()
+        elif kind in (b"subscribe", b"ssubscribe"):
+            if channel.state is _State.PENDING:
+                channel.state = _State.LIVE
+                self._confirmed = True
+                channel.bump()
+        elif kind in (b"unsubscribe", b"sunsubscribe"):
+            # Not asked for (channels are forgotten before they are unsubscribed): the
+            # server dropped it, e.g. its slot moved. Its waiters poll; the next waiter
+            # subscribes again.
+            del self._channels[channel.raw]
+            channel.bump()
+
+
+@final
+class Subscription:
+    """One waiter's hold on a channel of a :class:`_Listener`."""
+
+    __slots__ = ("_channel", "_closed", "_listener", "_seen")
+
+    def __init__(self, listener: _Listener, channel: _Channel, seen: int) -> None:
+        self._listener = listener
+        self._channel = channel
+        self._seen = seen
+        self._closed = False
+
+    @property
+    def live(self) -> bool:
+        """Whether releases on the channel reach this process right now."""
+        return self._channel.state is _State.LIVE
+
+    def mark(self) -> None:
+        """Note the channel's generation: call it before each attempt."""
+        self._seen = self._channel.generation
+
+    async def wait(self, delay: float) -> bool:
+        """Sleep up to ``delay`` seconds, less if the channel has news; True if it had."""
+        channel = self._channel
+        if channel.generation != self._seen:
+            await anyio.lowlevel.checkpoint()
+            return True
+        if delay <= 0:
+            await anyio.lowlevel.checkpoint()
+            return False
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        channel.waiters.add(future)
+        try:
+            with anyio.move_on_after(delay):
+                await future
+                return True
+        finally:
+            channel.waiters.discard(future)
+            if not future.done():
+                future.cancel()
+        return False
+
+    def close(self) -> None:
+        """Give the channel back (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._listener.unref(self._channel)
+
+
+_listeners: weakref.WeakKeyDictionary[Any, dict[str, _Listener]] = weakref.WeakKeyDictionary()
+
+
+def _listener(client: Client, channel: str) -> _Listener:
+    label, connection_class, kwargs = _connection_for(client, channel)
+    try:
+        home = _listeners[client]
+    except KeyError:
+        home = _listeners[client] = {}
+    listener = home.get(label)
+    if listener is None:
+        sharded = isinstance(client, RedisCluster)
+        listener = home[label] = _Listener(label, connection_class, kwargs, sharded)
+    return listener
+
+
+def generation(client: Client, channel: str) -> int | None:
+    """The generation of ``channel`` if this process is subscribed to it, else None."""
+    home = _listeners.get(client)
+    if not home:
+        return None
+    for listener in home.values():
+        found = listener.generation(channel)
+        if found is not None:
+            return found
+    return None
+
+
+async def subscribe(client: Client, channel: str, seen: int | None) -> Subscription | None:
+    """Subscribe to ``channel`` (or share the subscription); ``seen`` from :func:`generation`.
+
+    Returns None when no listener can be made (a cluster that does not know
+    the channel's node yet): the caller polls.
+    """
+    try:
+        listener = _listener(client, channel)
+    except LookupError:
+        return None
+    return await listener.subscribe(channel, seen)
