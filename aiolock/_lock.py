@@ -24,7 +24,7 @@ from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedE
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
 from ._types import Client
-from ._waiting import existing_queue, queue_for
+from ._waiting import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, existing_queue, queue_for
 
 __all__ = ["AsyncLock", "LockStatistics"]
 
@@ -397,10 +397,18 @@ class AsyncLock:
             deadline = started + wait
         baseline = cancelling(task)
         queue = queue_for(self._client, self._key)
-        if not await queue.enter(task, deadline, deadline is None or deadline > started):
+        ticket = await queue.enter(task, self, deadline, deadline is None or deadline > started)
+        if ticket is None:
             return False
         try:
-            holding = await self._contend(task, deadline, baseline)
+            if isinstance(ticket, Grant):
+                if time.monotonic() < ticket.sent + self._ttl:
+                    self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
+                    return True
+                # The releaser's hand-over took longer than our lease: not a lock.
+                await self._undo(ticket.token)
+                ticket = Turn.CONTEND
+            holding = await self._contend(task, deadline, baseline, ticket is Turn.WAIT_FIRST)
         except BaseException:
             queue.leave()
             raise
@@ -410,13 +418,14 @@ class AsyncLock:
         return True
 
     async def _contend(
-        self, task: asyncio.Task[Any], deadline: float | None, baseline: int
+        self, task: asyncio.Task[Any], deadline: float | None, baseline: int, wait_first: bool
     ) -> Holding | None:
         """Try on the server until acquired or past the deadline (we hold the baton).
 
         Between attempts it waits for the backoff step, capped by the holder's
         PTTL and the deadline, and, with ``notify``, cut short by a release
-        message on the lock's channel.
+        message on the lock's channel. With ``wait_first`` it starts with such
+        a wait (the local releaser just let other processes go first).
         """
         subscription: _notify.Subscription | None = None
         try:
@@ -430,9 +439,14 @@ class AsyncLock:
                     subscription.mark()
                 elif self._notify:
                     seen = _notify.generation(self._client, self._channel)
-                token = secrets.token_hex(16)
-                sent = time.monotonic()
-                reply = await self._attempt(token, deadline)
+                if wait_first:
+                    wait_first = False
+                    reply: list[int] | None = [0, -1]  # held elsewhere, for how long unknown
+                    sent = now = time.monotonic()
+                else:
+                    token = secrets.token_hex(16)
+                    sent = time.monotonic()
+                    reply = await self._attempt(token, deadline)
                 if cancelling(task) > baseline:
                     if reply is not None and reply[0]:
                         await self._undo(token)
@@ -511,10 +525,25 @@ class AsyncLock:
 
     # -- holding -----------------------------------------------------------------------
 
-    def _hold(self, task: asyncio.Task[Any], token: str, sent: float, fence: int | None) -> Holding:
-        """Record a new holding of ``task`` and start watching its lease."""
-        holding = Holding(token, task, self._ttl, sent, fence)
-        queue_for(self._client, self._key).holder = task
+    def _hold(
+        self,
+        task: asyncio.Task[Any],
+        token: str,
+        sent: float,
+        fence: int | None,
+        *,
+        handed: bool = False,
+    ) -> Holding:
+        """Record a new holding of ``task`` and start watching its lease.
+
+        ``handed`` tells a lock handed over by a local releaser from one taken
+        on the server (which starts a new local run).
+        """
+        holding = Holding(token, task, self._ttl, sent, fence if self._fencing else None)
+        queue = queue_for(self._client, self._key)
+        queue.holder = task
+        if not handed:
+            queue.run_started = sent
         self._by_task[task] = holding
         self._current = holding
         self._last = holding
@@ -673,11 +702,17 @@ class AsyncLock:
         try:
             if holding.lost:
                 raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-            try:
-                deleted = await self._release_script(holding.token)
-            except asyncio.CancelledError:
-                await self._undo(holding.token)
-                raise
+            queue = existing_queue(self._client, self._key) if holding.has_baton else None
+            entry = queue.reserve() if queue is not None else None
+            if queue is not None and entry is not None:
+                holding.has_baton = False  # reserved for `entry`
+                deleted = await self._hand_over(holding, queue, entry)
+            else:
+                try:
+                    deleted = await self._release_script(holding.token)
+                except asyncio.CancelledError:
+                    await self._undo(holding.token)
+                    raise
             if not deleted:
                 self._report_loss(holding, "the key was gone or held by another holder at release")
         finally:
@@ -690,6 +725,41 @@ class AsyncLock:
             )
         logger.debug("released lock %r", self._name)
         await honour_cancellation(task, baseline)
+
+    async def _hand_over(self, holding: Holding, queue: LocalQueue, entry: Entry) -> bool:
+        """Release ``holding`` straight to the reserved local waiter ``entry``.
+
+        Returns whether the key was still ours. Whatever happens, ``entry``
+        gets the baton: with the lock (a :class:`Grant`), or to contend for it.
+        """
+        heir = entry.lock
+        token = secrets.token_hex(16)
+        sent = time.monotonic()
+        may_yield = sent - queue.run_started >= LOCAL_RUN
+        own = 0 if _notify.generation(self._client, self._channel) is None else 1
+        args = (
+            holding.token,
+            token,
+            int(heir._ttl * 1000),
+            self._channel,
+            self._release_args[1],
+            own,
+            "1" if may_yield else "0",
+        )
+        try:
+            reply = await self._scripts.handover(heir._acquire_keys, args)
+        except BaseException:
+            # It may have run: make sure neither token keeps the key, then let the heir contend.
+            queue.give(entry, Turn.CONTEND)
+            await self._undo(token)
+            await self._undo(holding.token)
+            raise
+        if reply[0] == 1:
+            if not queue.give(entry, Grant(token, sent, int(reply[1]))):
+                await self._undo(token)  # the heir gave up meanwhile
+            return True
+        queue.give(entry, Turn.WAIT_FIRST if reply[0] == 2 else Turn.CONTEND)
+        return bool(reply[0])
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease of the current holding to ``ttl`` seconds from now.

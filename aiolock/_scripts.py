@@ -71,16 +71,61 @@ return 0
 """
 
 
+# HANDOVER (a release straight to the next waiter of the same process)
+#   KEYS[1]  the lock key
+#   KEYS[2]  (only if the next holder uses fencing) the fencing counter
+#   ARGV[1]  the releasing holder's token
+#   ARGV[2]  the next holder's token
+#   ARGV[3]  the next holder's lease in milliseconds
+#   ARGV[4]  the release channel
+#   ARGV[5]  '1' on a cluster (sharded pub/sub), anything else: classic pub/sub
+#   ARGV[6]  how many subscribers of the channel are the releaser's own process
+#   ARGV[7]  '1' if the releaser should let waiters elsewhere go first
+# Returns {0, 0} if the key was not the releaser's (nothing is touched);
+# {2, 0} if it released the key and announced it, because ARGV[7] is '1' and
+# some other process listens on the channel (waits for the lock); otherwise
+# {1, fence}: the key now holds the next holder's token and lease (fence as
+# in ACQUIRE).
+HANDOVER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return {0, 0}
+end
+if ARGV[7] == '1' then
+    local listening
+    if ARGV[5] == '1' then
+        listening = redis.call('PUBSUB', 'SHARDNUMSUB', ARGV[4])[2]
+    else
+        listening = redis.call('PUBSUB', 'NUMSUB', ARGV[4])[2]
+    end
+    if listening > tonumber(ARGV[6]) then
+        redis.call('DEL', KEYS[1])
+        if ARGV[5] == '1' then
+            redis.call('SPUBLISH', ARGV[4], '')
+        else
+            redis.call('PUBLISH', ARGV[4], '')
+        end
+        return {2, 0}
+    end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if KEYS[2] then
+    return {1, redis.call('INCR', KEYS[2])}
+end
+return {1, 0}
+"""
+
+
 @final
 class Scripts:
-    """The three scripts, registered on one client."""
+    """The scripts, registered on one client."""
 
-    __slots__ = ("acquire", "extend", "release")
+    __slots__ = ("acquire", "extend", "handover", "release")
 
     def __init__(self, client: Client) -> None:
         self.acquire: AsyncScript = client.register_script(ACQUIRE)
         self.release: AsyncScript = client.register_script(RELEASE)
         self.extend: AsyncScript = client.register_script(EXTEND)
+        self.handover: AsyncScript = client.register_script(HANDOVER)
 
 
 _by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
