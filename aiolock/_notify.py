@@ -275,7 +275,9 @@ class _Listener:
     def _read_bound(self) -> float:
         """How long the next read may wait before some housekeeping is due."""
         now = time.monotonic()
-        bound = self._heard + IDLE_PING - now
+        # At most LINGER: a channel whose last waiter leaves meanwhile (nothing on the
+        # wire tells us) is then dropped within two LINGERs.
+        bound = min(LINGER, self._heard + IDLE_PING - now)
         for channel in self._channels.values():
             if channel.state is _State.PENDING:
                 bound = min(bound, channel.since + REPLY_BOUND - now)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["LOCAL_RUN", "Entry", "Grant", "LocalQueue", "Turn", "existing_queue", "queue_for"]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
-LOCAL_RUN: Final = 0.005
+LOCAL_RUN: Final = 0.05
 
 
 class Turn(enum.Enum):

@@ -134,4 +134,3 @@ async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncI
     assert await listeners_gone(), "a release-notification listener did not stop by itself"
     assert in_use_connections(client) == 0, "a connection was left checked out"
     assert await admin.keys(f"*{{{name}}}*") == [], "a key was left on the server"
-

@@ -1,0 +1,504 @@
+"""Hand-off latency: from a release to the next holder's successful acquire.
+
+A chain of ``N + 1`` coroutines shares one key: one holds it while ``N`` wait.
+The holder waits until every other member is back inside ``acquire()``, holds
+a little longer (uniform 1-5 ms: a short critical section; the waiters settle),
+notes ``t0`` and calls ``release()``; the member whose ``acquire()`` returns
+next notes ``t1``, records ``t1 - t0`` and becomes the holder. So ``N``
+coroutines wait all the time. Settings: ``N`` = 1, 2 and 10.
+
+Variants:
+
+* ``aiolock separate``: every member has its own client object (as if each
+  were its own process): the next holder learns of the release from the
+  server (release notification, or its backoff);
+* ``aiolock shared``: every member uses one client object: aiolock's local
+  FIFO hands the lock over inside the process;
+* ``redis-py 0.1`` / ``redis-py 0.001``: ``redis.asyncio.lock.Lock`` polling
+  every 100 ms (its default) or 1 ms, a fresh ``Lock`` per acquisition.
+
+The baseline is the round trip of a ``PING`` on the same kind of client
+(median of 2000, measured in the same run); hand-offs are reported in ms and
+as multiples of it, and of a second baseline: a compare-and-delete
+``EVALSHA`` followed by a ``SET NX PX`` on one client (the least a hand-off
+through the server can take). Every holding is recorded and checked for overlaps.
+
+Run ``python -m benchmarks.handoff`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import secrets
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from redis.asyncio import Redis
+
+from ._common import (
+    CountingConnection,
+    add_common_args,
+    count_overlaps,
+    embedded_server,
+    out_dir,
+    percentiles,
+    print_table,
+    repro_command,
+    run,
+    server_commands,
+    write_json,
+)
+from .contention import AiolockLocker, Locker, RedisPyLocker
+
+NAME: Final = "handoff"
+MODULE: Final = "benchmarks.handoff"
+
+VARIANTS: Final = ("aiolock separate", "aiolock shared", "redis-py 0.1", "redis-py 0.001")
+WAITERS: Final = (1, 2, 10)
+#: The longest one acquisition may wait before it counts as a failure.
+ACQUIRE_TIMEOUT: Final = 10.0
+#: How long a holder keeps the lock once every other member waits: uniform in this range.
+HOLD: Final = (0.001, 0.005)
+#: The compare-and-delete of the pair baseline.
+_COMPARE_AND_DELETE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+#: How many PINGs measure the round trip.
+PINGS_FULL: Final = 2000
+PINGS_QUICK: Final = 200
+#: The issue's target: aiolock's median hand-off in PING round trips.
+TARGET_RTT: Final = 3.0
+
+
+def _client(url: str) -> Redis:
+    return Redis.from_url(url, connection_class=CountingConnection)
+
+
+async def ping_rtt(client: Redis, count: int) -> list[float]:
+    """Time ``count`` sequential PINGs on ``client``.
+
+    Args:
+        client: a connected client.
+        count: how many PINGs.
+
+    Returns:
+        The round trips in seconds.
+    """
+    await client.ping()
+    samples: list[float] = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await client.ping()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def release_acquire_pairs(client: Redis, count: int) -> list[float]:
+    """Time ``count`` back-to-back compare-and-delete ``EVALSHA`` + ``SET NX PX`` pairs.
+
+    The least a hand-off through the server can take when the releaser and
+    the next holder share one client: one round trip to delete the key, one
+    to set it again.
+
+    Args:
+        client: a connected client.
+        count: how many pairs.
+
+    Returns:
+        The durations in seconds.
+    """
+    release = client.register_script(_COMPARE_AND_DELETE)
+    key = "bench:handoff:pair"
+    token = secrets.token_hex(16)
+    await client.set(key, token, px=10_000)
+    samples: list[float] = []
+    for _ in range(count):
+        following = secrets.token_hex(16)
+        started = time.perf_counter()
+        await release(keys=[key], args=[token])
+        await client.set(key, following, nx=True, px=10_000)
+        samples.append(time.perf_counter() - started)
+        token = following
+    await client.delete(key)
+    return samples
+
+
+@dataclass
+class Chain:
+    """The shared state of one chain of members passing the lock along.
+
+    Attributes:
+        members: how many coroutines take part (waiters + 1).
+        wanted: how many hand-offs to measure.
+        deadline: ``time.monotonic()`` after which no new hold starts.
+        waiting: members inside ``acquire()`` now.
+        holdings: acquisitions so far.
+        released_at: ``t0`` of the hand-off in flight (None before the first).
+        samples: measured hand-offs in seconds.
+        intervals: ``(acquired_at, released_at)`` of every holding.
+        failures: acquisitions that timed out or raised, and releases that raised.
+        first_error: the first error's text.
+        done: set once enough hand-offs were measured or the time is up.
+        changed: notified whenever ``waiting`` or ``holdings`` changes.
+    """
+
+    members: int
+    wanted: int
+    deadline: float
+    waiting: int = 0
+    holdings: int = 0
+    released_at: float | None = None
+    samples: list[float] = field(default_factory=list)
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+    failures: int = 0
+    first_error: str = ""
+    done: bool = False
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def notify(self) -> None:
+        """Wake every member waiting for a change."""
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait (at most the acquisition bound) until ``predicate()`` or the chain is done."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ACQUIRE_TIMEOUT), self.changed:
+                await self.changed.wait_for(lambda: self.done or predicate())
+
+    async def wait_for_holding_after(self, count: int) -> None:
+        """Wait until someone made acquisition number ``count + 1`` (or the chain is done)."""
+        await self.wait_until(lambda: self.holdings != count)
+
+
+async def _member(chain: Chain, locker: Locker) -> None:
+    """One member: acquire, record the hand-off, hold, release; until the chain is done.
+
+    A holder releases only once every other member is inside ``acquire()``,
+    and the member that released re-enters ``acquire()`` only after someone
+    else took the lock: so the lock always passes to a member that was
+    waiting, never straight back to the one releasing it.
+    """
+    while not chain.done:
+        chain.waiting += 1
+        await chain.notify()
+        try:
+            held = await locker.acquire(ACQUIRE_TIMEOUT)
+        except Exception as exc:
+            chain.first_error = chain.first_error or f"acquire: {exc!r}"
+            held = False
+        finally:
+            chain.waiting -= 1
+        if not held:
+            chain.failures += 1
+            continue
+        acquired_at = time.monotonic()
+        chain.holdings += 1
+        if chain.released_at is not None:
+            chain.samples.append(acquired_at - chain.released_at)
+            chain.released_at = None
+        await chain.notify()
+        if len(chain.samples) >= chain.wanted or acquired_at >= chain.deadline:
+            chain.done = True
+            await chain.notify()
+        else:
+            await chain.wait_until(lambda: chain.waiting >= chain.members - 1)
+            await asyncio.sleep(random.uniform(*HOLD))
+        chain.intervals.append((acquired_at, time.monotonic()))
+        mine = chain.holdings
+        chain.released_at = None if chain.done else time.monotonic()
+        try:
+            await locker.release()
+        except Exception as exc:
+            chain.failures += 1
+            chain.first_error = chain.first_error or f"release: {exc!r}"
+        await chain.wait_for_holding_after(mine)
+
+
+@dataclass
+class Setting:
+    """The figures of one (variant, waiters) chain."""
+
+    variant: str
+    waiters: int
+    handoffs: int
+    wall: float
+    handoff_ms: dict[int, float]
+    p50_rtt: float
+    p50_pair: float
+    failures: int
+    overlaps: int
+    client_cmds_per_handoff: float
+    server_cmds_per_handoff: float
+    first_error: str
+
+
+async def _measure(
+    url: str,
+    admin: Redis,
+    variant: str,
+    waiters: int,
+    handoffs: int,
+    time_limit: float,
+    rtt: float,
+    pair: float,
+) -> Setting:
+    key = f"bench:handoff:{variant.replace(' ', '-')}:{waiters}"
+    members = waiters + 1
+    clients: list[Redis] = []
+    if variant == "aiolock separate":
+        clients = [_client(url) for _ in range(members)]
+        lockers: list[Locker] = [AiolockLocker(c, key) for c in clients]
+    else:
+        clients = [_client(url)]
+        if variant == "aiolock shared":
+            lockers = [AiolockLocker(clients[0], key) for _ in range(members)]
+        else:
+            sleep = float(variant.removeprefix("redis-py "))
+            lockers = [RedisPyLocker(clients[0], key, sleep) for _ in range(members)]
+    try:
+        for locker in lockers:  # connect and load the scripts
+            if await locker.acquire(ACQUIRE_TIMEOUT):
+                await locker.release()
+        server_before = await server_commands(admin)
+        sent_before = CountingConnection.sent
+        started = time.monotonic()
+        chain = Chain(members, handoffs, started + time_limit)
+        tasks = [asyncio.create_task(_member(chain, locker)) for locker in lockers]
+        _, pending = await asyncio.wait(tasks, timeout=time_limit + ACQUIRE_TIMEOUT + 5)
+        # The members still waiting once the chain is done are cancelled: every
+        # subject cleans up (or its lease does; each setting has its own key).
+        chain.done = True
+        _, pending = await asyncio.wait(tasks, timeout=1.0)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        wall = time.monotonic() - started
+        sent = CountingConnection.sent - sent_before
+        server_total = await server_commands(admin) - server_before - 1
+    finally:
+        for client in clients:
+            await client.aclose()
+    samples = chain.samples
+    quantiles = percentiles(samples, (50, 90, 99, 100))
+    per = max(len(samples), 1)
+    return Setting(
+        variant=variant,
+        waiters=waiters,
+        handoffs=len(samples),
+        wall=wall,
+        handoff_ms={k: v * 1000 for k, v in quantiles.items()},
+        p50_rtt=quantiles[50] / rtt,
+        p50_pair=quantiles[50] / pair,
+        failures=chain.failures,
+        overlaps=count_overlaps(chain.intervals),
+        client_cmds_per_handoff=sent / per,
+        server_cmds_per_handoff=server_total / per,
+        first_error=chain.first_error,
+    )
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    handoffs = args.handoffs or (10 if args.quick else 200)
+    time_limit = args.time_limit if args.time_limit is not None else (3.0 if args.quick else 30.0)
+    variants = [v for v in VARIANTS if not args.variant or v in args.variant]
+    settings: list[Setting] = []
+    with embedded_server() as server:
+        admin = Redis.from_url(server.url)
+        try:
+            client = _client(server.url)
+            try:
+                count = PINGS_QUICK if args.quick else PINGS_FULL
+                pings = await ping_rtt(client, count)
+                pairs = await release_acquire_pairs(client, count)
+            finally:
+                await client.aclose()
+            rtt_q = percentiles(pings, (50, 90, 99))
+            rtt = rtt_q[50]
+            pair_q = percentiles(pairs, (50, 90, 99))
+            pair = pair_q[50]
+            print(
+                f"  PING round trip p50 {rtt * 1000:.3f} ms over {len(pings)} PINGs; "
+                f"compare-and-delete + SET NX pair p50 {pair * 1000:.3f} ms",
+                flush=True,
+            )
+            for waiters in WAITERS:
+                for variant in variants:
+                    setting = await _measure(
+                        server.url, admin, variant, waiters, handoffs, time_limit, rtt, pair
+                    )
+                    settings.append(setting)
+                    print(
+                        f"  {variant:<17} N={waiters:<3} p50 {setting.handoff_ms[50]:8.3f} ms "
+                        f"({setting.p50_rtt:6.1f} RTT)  {setting.handoffs} hand-offs "
+                        f"in {setting.wall:.1f} s, failures {setting.failures}, "
+                        f"overlaps {setting.overlaps}",
+                        flush=True,
+                    )
+        finally:
+            await admin.aclose()
+    return {
+        "ping_rtt_ms": {k: v * 1000 for k, v in rtt_q.items()},
+        "pings": len(pings),
+        "release_acquire_pair_ms": {k: v * 1000 for k, v in pair_q.items()},
+        "handoffs_per_setting": handoffs,
+        "time_limit_s": time_limit,
+        "hold_s": HOLD,
+        "waiters": WAITERS,
+        "variants": variants,
+        "settings": settings,
+    }
+
+
+def _chart(path: Path, settings: Sequence[Setting], rtt_ms: float, pair_ms: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(s.variant for s in settings))
+    figure, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(len(variants), 1)
+    for index, variant in enumerate(variants):
+        mine = [s for s in settings if s.variant == variant]
+        xs = [WAITERS.index(s.waiters) + (index - (len(variants) - 1) / 2) * width for s in mine]
+        p50 = [max(s.handoff_ms[50], 1e-3) for s in mine]
+        p90 = [max(s.handoff_ms[90], 1e-3) for s in mine]
+        p99 = [max(s.handoff_ms[99], 1e-3) for s in mine]
+        ax.bar(xs, p50, width, label=f"{variant} (p50)")
+        ax.scatter(xs, p90, marker="_", color="black", s=80, zorder=3)
+        ax.scatter(xs, p99, marker="v", color="black", s=14, zorder=3)
+    ax.axhline(rtt_ms, color="green", linestyle=":", label=f"PING RTT {rtt_ms:.3f} ms")
+    ax.axhline(pair_ms, color="grey", linestyle="-.", label=f"DEL+SET pair {pair_ms:.3f} ms")
+    ax.axhline(TARGET_RTT * rtt_ms, color="red", linestyle="--", label=f"target {TARGET_RTT:g} RTT")
+    ax.set_xticks(range(len(WAITERS)), [f"{n} waiter{'s' if n > 1 else ''}" for n in WAITERS])
+    ax.set_yscale("log")
+    ax.set_ylabel("release -> next acquire, ms (log); bar p50, dash p90, triangle p99")
+    ax.set_title("aiolock hand-off latency (embedded Valkey, loopback)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the hand-off benchmark; return 1 if any chain saw an overlap, else 0.
+
+    Args:
+        argv: command-line options (``sys.argv[1:]`` when None).
+
+    Returns:
+        The process exit code.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    add_common_args(parser)
+    parser.add_argument(
+        "--handoffs", type=int, default=None, help="hand-offs per setting (200, 10 with --quick)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds each setting may take (default 30, 3 with --quick)",
+    )
+    parser.add_argument("--variant", action="append", choices=VARIANTS)
+    args = parser.parse_args(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    directory = out_dir(args)
+    print(f"hand-off benchmark (loop={args.loop}{', quick' if args.quick else ''})", flush=True)
+    result = run(lambda: _main(args), args.loop)
+    settings: list[Setting] = result["settings"]
+    rtt_ms = result["ping_rtt_ms"][50]
+    pair_ms = result["release_acquire_pair_ms"][50]
+    print_table(
+        f"Hand-off: release -> next holder's acquire returns; PING RTT p50 {rtt_ms:.3f} ms; "
+        f"compare-and-delete + SET NX pair p50 {pair_ms:.3f} ms",
+        [
+            "variant",
+            "waiters",
+            "hand-offs",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "p50 / RTT",
+            "p50 / pair",
+            "client cmd/handoff",
+            "server cmd/handoff",
+            "failures",
+            "overlaps",
+        ],
+        [
+            [
+                s.variant,
+                s.waiters,
+                s.handoffs,
+                f"{s.handoff_ms[50]:.3f}",
+                f"{s.handoff_ms[90]:.3f}",
+                f"{s.handoff_ms[99]:.3f}",
+                f"{s.handoff_ms[100]:.2f}",
+                f"{s.p50_rtt:.1f}x",
+                f"{s.p50_pair:.1f}x",
+                f"{s.client_cmds_per_handoff:.1f}",
+                f"{s.server_cmds_per_handoff:.1f}",
+                s.failures,
+                s.overlaps,
+            ]
+            for s in settings
+        ],
+    )
+    for s in settings:
+        if s.first_error:
+            print(f"  {s.variant} N={s.waiters}: first error: {s.first_error}")
+    targets = []
+    for variant in ("aiolock separate", "aiolock shared"):
+        mine = [s for s in settings if s.variant == variant]
+        if not mine:
+            continue
+        worst = max(s.p50_rtt for s in mine)
+        passed = all(s.handoffs and s.p50_rtt <= TARGET_RTT for s in mine)
+        detail = ", ".join(f"N={s.waiters}: {s.p50_rtt:.1f}" for s in mine)
+        targets.append({"name": variant, "passed": passed, "worst_p50_rtt": worst})
+        print(
+            f"{'PASS' if passed else 'FAIL'}  {variant}: p50 <= {TARGET_RTT:g} PING RTT "
+            f"for 1-10 waiters: {detail} RTT"
+        )
+    overlaps = sum(s.overlaps for s in settings)
+    chart = directory / f"{NAME}.png"
+    _chart(chart, settings, rtt_ms, pair_ms)
+    write_json(
+        directory / f"{NAME}.json",
+        {
+            "benchmark": NAME,
+            "command": repro_command(MODULE, argv_list),
+            "loop": args.loop,
+            "quick": args.quick,
+            **{k: v for k, v in result.items() if k != "settings"},
+            "settings": [asdict(s) for s in settings],
+            "targets": targets,
+            "overlaps": overlaps,
+        },
+    )
+    print(f"wrote {chart} and {directory / f'{NAME}.json'}")
+    print(f"reproduce: {repro_command(MODULE, argv_list)}")
+    if overlaps:
+        print(f"ERROR: {overlaps} overlapping holdings (two holders at once)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
