@@ -24,6 +24,7 @@ from conftest import listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER
+from aiolock._waiting import LOCAL_RUN
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -128,22 +129,23 @@ async def unsubscribed(admin: redis.Redis, lock: AsyncLock) -> None:
     await eventually(check, f"{channel_of(lock)} unsubscribed", UNSUBSCRIBE_BOUND)
 
 
-async def quiet(admin: redis.Redis, at_least: int = 0) -> None:
-    """Wait until ``at_least`` more EVALSHA ran and then none for :data:`QUIET` seconds.
+async def quiet(admin: redis.Redis, since: int | None = None, at_least: int = 0) -> None:
+    """Wait until ``at_least`` EVALSHA ran after the count ``since``, then none for a while.
 
     A waiter with a long step is then asleep in it (past the retry a confirmed
-    subscription triggers).
+    subscription triggers). ``since`` defaults to the count now.
     """
-    first = last = await evalsha_calls(admin)
-    since = time.monotonic()
-    deadline = since + 3.0
-    while last - first < at_least or time.monotonic() - since < QUIET:
+    last = await evalsha_calls(admin)
+    first = last if since is None else since
+    settled_since = time.monotonic()
+    deadline = settled_since + 3.0
+    while last - first < at_least or time.monotonic() - settled_since < QUIET:
         if time.monotonic() >= deadline:
             pytest.fail("lock traffic did not settle")
         await asyncio.sleep(0.01)
         now = await evalsha_calls(admin)
         if now != last:
-            last, since = now, time.monotonic()
+            last, settled_since = now, time.monotonic()
 
 
 async def waiting(lock: AsyncLock, count: int) -> None:
@@ -220,8 +222,9 @@ async def test_without_notify_the_waiter_sleeps_its_step(
     """With notify=False the same waiter does not get the lock within 1 s of the release."""
     holder = await hold(other_client, name)
     lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP), notify=False)
+    before = await evalsha_calls(admin)
     waiter = tasks.start(lock.acquire())
-    await quiet(admin, at_least=1)  # its first attempt failed; it sleeps 5 s
+    await quiet(admin, since=before, at_least=1)  # its first attempt failed; it sleeps 5 s
     assert await numsub(admin, channel_of(lock)) == 0
     await holder.release()
     done, _ = await asyncio.wait({waiter}, timeout=WAKE_BOUND)
@@ -280,6 +283,32 @@ async def test_waiter_polls_while_notifications_are_down(
         assert await done_within(waiter, step + 0.5, "the polling waiter holds")
         assert await numsub(admin, channel_of(lock)) == 0, "a notification got through"
         await lock.release()
+    finally:
+        new_connections.set()
+        await tasks.cancel_all()
+        assert await listeners_gone(), "the listener went on after its waiter left"
+        await c.aclose()
+
+
+async def test_a_broken_connection_wakes_waiters_to_poll(
+    server: RedisServer, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
+) -> None:
+    """When the pub/sub connection breaks, a waiter asleep in a 5 s step tries again at once."""
+    c, new_connections = gated_client(server)
+    try:
+        before = set(await pubsub_clients(admin))
+        holder = await hold(other_client, name)
+        lock = AsyncLock(c, name, backoff=backoff.constant(LONG_STEP))
+        waiter = tasks.start(lock.acquire())
+        await asleep_on_notification(admin, lock, waiter)
+        new_connections.clear()  # no reconnection (and no confirmation) comes to its rescue
+        await admin.delete(lock.key)  # freed without a message: as if a release was missed
+        [listener] = set(await pubsub_clients(admin)) - before
+        assert await admin.client_kill_filter(_id=listener) == 1
+        assert await done_within(waiter, WAKE_BOUND, "the waiter woken by the break holds")
+        await lock.release()
+        with pytest.raises(LockNotOwnedError):
+            await holder.release()
     finally:
         new_connections.set()
         await tasks.cancel_all()
@@ -414,6 +443,47 @@ async def test_one_release_wakes_one_local_waiter(
     assert most_inside == 1
 
 
+async def test_a_local_run_yielding_to_a_lingering_listener_does_not_idle_the_lock(
+    server: RedisServer, client: redis.Redis, other_client: redis.Redis, name: str, tasks: Tasks
+) -> None:
+    """A local run that yields to another process's lingering listener still serves its next waiter.
+
+    After LOCAL_RUN a releaser with local waiters lets other processes go first if
+    any listens on the channel. A waiter that has just given up elsewhere still
+    listens (its subscription lingers) but takes nothing: the next local waiter must
+    not then sleep its whole 5 s step with the lock free.
+    """
+    third = redis.Redis.from_url(server.url)
+    try:
+        holder = await hold(other_client, name)
+        first = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
+        second = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
+        released: list[float] = []
+
+        async def run_long() -> None:
+            async with first:  # taken after a notification: this process listens too
+                await asyncio.sleep(LOCAL_RUN + 0.03)
+            released.append(time.monotonic())
+
+        async def take() -> float:
+            async with second:
+                return time.monotonic()
+
+        runner = tasks.start(run_long())
+        await waiting(first, 1)
+        taker = tasks.start(take())
+        await waiting(first, 2)
+        gone = AsyncLock(third, name, backoff=backoff.constant(LONG_STEP))
+        assert not await gone.acquire(timeout=0.2)  # gives up; its subscription lingers
+        await holder.release()
+        await done_within(runner, WAKE_BOUND, "the first local waiter's run")
+        taken = await done_within(taker, WAKE_BOUND, "the next local waiter holds")
+        assert taken - released[0] < WAKE_BOUND
+    finally:
+        await tasks.cancel_all()
+        await third.aclose()
+
+
 # --- 5. FIFO among local waiters -----------------------------------------------------------------
 
 
@@ -497,8 +567,9 @@ async def test_a_channel_lingers_for_the_next_waiter(
     assert await done_within(waiter, WAKE_BOUND, "the notified waiter holds")
     await lock.release()
     holder = await hold(other_client, name)  # at once: well within the linger
+    before = await evalsha_calls(admin)
     waiter = tasks.start(lock.acquire())
-    await quiet(admin, at_least=1)
+    await quiet(admin, since=before, at_least=1)
     assert await numsub(admin, channel_of(lock)) == 1
     await holder.release()
     assert await done_within(waiter, WAKE_BOUND, "the second waiter holds")
