@@ -24,7 +24,16 @@ from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedE
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
 from ._types import Client
-from ._waiting import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, existing_queue, queue_for
+from ._waiting import (
+    LOCAL_RUN,
+    YIELD_WAIT,
+    Entry,
+    Grant,
+    LocalQueue,
+    Turn,
+    existing_queue,
+    queue_for,
+)
 
 __all__ = ["AsyncLock", "LockStatistics"]
 
@@ -441,7 +450,10 @@ class AsyncLock:
                     seen = _notify.generation(self._client, self._channel)
                 if wait_first:
                     wait_first = False
-                    reply: list[int] | None = [0, -1]  # held elsewhere, for how long unknown
+                    # Another process was told to go first; if it does not take the lock
+                    # within YIELD_WAIT (the release message may also have come before we
+                    # looked), try anyway.
+                    reply: list[int] | None = [0, int(YIELD_WAIT * 1000)]
                     sent = now = time.monotonic()
                 else:
                     token = secrets.token_hex(16)

@@ -36,10 +36,21 @@ from ._exceptions import LockError
 if TYPE_CHECKING:
     from ._lock import AsyncLock
 
-__all__ = ["LOCAL_RUN", "Entry", "Grant", "LocalQueue", "Turn", "existing_queue", "queue_for"]
+__all__ = [
+    "LOCAL_RUN",
+    "YIELD_WAIT",
+    "Entry",
+    "Grant",
+    "LocalQueue",
+    "Turn",
+    "existing_queue",
+    "queue_for",
+]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
 LOCAL_RUN: Final = 0.05
+#: Seconds the next local task waits, after a run yielded, before it tries anyway.
+YIELD_WAIT: Final = 0.005
 
 
 class Turn(enum.Enum):

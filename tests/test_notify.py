@@ -35,8 +35,9 @@ T = TypeVar("T")
 LONG_STEP = 5.0
 #: How soon a notified waiter must hold the lock (generous: CI has 2 loaded cores).
 WAKE_BOUND = 1.0
-#: How long a channel nobody waits on may stay subscribed (LINGER plus scheduling).
-UNSUBSCRIBE_BOUND = LINGER + 1.0
+#: How long a channel nobody waits on may stay subscribed (its LINGER, noticed within
+#: another LINGER, plus scheduling).
+UNSUBSCRIBE_BOUND = 2 * LINGER + 1.0
 #: How long EVALSHA traffic must pause before a waiter counts as asleep in its step.
 QUIET = 0.15
 
@@ -171,25 +172,50 @@ async def done_within(task: asyncio.Task[T], bound: float, what: str) -> T:
     return task.result()
 
 
-def gated_client(server: RedisServer) -> tuple[redis.Redis, asyncio.Event]:
-    """A client whose new connections wait until the event is set (it starts set).
+class ClientFaults:
+    """Client-side network faults of one client object (the server stays real).
 
-    Clearing the event lets the connections already open go on while every new one
-    (such as a reconnecting listener's) hangs, as behind a network partition.
+    Attributes:
+        connecting: set while new connections may open; clear it and every new
+            one (such as a reconnecting listener's) hangs, as behind a partition,
+            while the connections already open go on.
+        script_reply_delay: seconds each script reply (EVALSHA) spends "on the
+            wire" after it arrived, so that a release message on the pub/sub
+            connection overtakes the reply to the release that sent it.
     """
-    new_connections = asyncio.Event()
-    new_connections.set()
 
-    class GatedConnection(redis.Connection):
+    def __init__(self) -> None:
+        self.connecting = asyncio.Event()
+        self.connecting.set()
+        self.script_reply_delay = 0.0
+
+
+def faulty_client(server: RedisServer) -> tuple[redis.Redis, ClientFaults]:
+    """A client of ``server`` whose connections suffer the returned :class:`ClientFaults`."""
+    faults = ClientFaults()
+
+    class FaultyConnection(redis.Connection):
+        script_sent = False
+
         async def connect(self) -> None:
             if not self.is_connected:
-                await new_connections.wait()
+                await faults.connecting.wait()
             await super().connect()  # type: ignore[no-untyped-call]
 
+        async def send_command(self, *args: Any, **kwargs: Any) -> None:
+            self.script_sent = str(args[0]).upper() == "EVALSHA"
+            await super().send_command(*args, **kwargs)
+
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            response = await super().read_response(*args, **kwargs)
+            if self.script_sent and faults.script_reply_delay:
+                await asyncio.sleep(faults.script_reply_delay)
+            return response
+
     pool = redis.ConnectionPool(
-        connection_class=GatedConnection, host=server.host, port=server.port
+        connection_class=FaultyConnection, host=server.host, port=server.port
     )
-    return redis.Redis.from_pool(pool), new_connections
+    return redis.Redis.from_pool(pool), faults
 
 
 async def hold(c: redis.Redis, lock_name: str, **options: Any) -> AsyncLock:
@@ -264,14 +290,14 @@ async def test_waiter_polls_while_notifications_are_down(
 ) -> None:
     """With its pub/sub connection killed and reconnects stuck, a waiter still polls its way in."""
     step = 0.2
-    c, new_connections = gated_client(server)
+    c, faults = faulty_client(server)
     try:
         before = set(await pubsub_clients(admin))
         holder = await hold(other_client, name)
         lock = AsyncLock(c, name, backoff=backoff.constant(step))
         waiter = tasks.start(lock.acquire())
         await subscribed(admin, lock)
-        new_connections.clear()  # from now on the listener's reconnections hang
+        faults.connecting.clear()  # from now on the listener's reconnections hang
         [listener] = set(await pubsub_clients(admin)) - before
         assert await admin.client_kill_filter(_id=listener) == 1
         await asyncio.sleep(2 * step)  # the waiter polls meanwhile
@@ -284,7 +310,7 @@ async def test_waiter_polls_while_notifications_are_down(
         assert await numsub(admin, channel_of(lock)) == 0, "a notification got through"
         await lock.release()
     finally:
-        new_connections.set()
+        faults.connecting.set()
         await tasks.cancel_all()
         assert await listeners_gone(), "the listener went on after its waiter left"
         await c.aclose()
@@ -294,14 +320,14 @@ async def test_a_broken_connection_wakes_waiters_to_poll(
     server: RedisServer, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """When the pub/sub connection breaks, a waiter asleep in a 5 s step tries again at once."""
-    c, new_connections = gated_client(server)
+    c, faults = faulty_client(server)
     try:
         before = set(await pubsub_clients(admin))
         holder = await hold(other_client, name)
         lock = AsyncLock(c, name, backoff=backoff.constant(LONG_STEP))
         waiter = tasks.start(lock.acquire())
         await asleep_on_notification(admin, lock, waiter)
-        new_connections.clear()  # no reconnection (and no confirmation) comes to its rescue
+        faults.connecting.clear()  # no reconnection (and no confirmation) comes to its rescue
         await admin.delete(lock.key)  # freed without a message: as if a release was missed
         [listener] = set(await pubsub_clients(admin)) - before
         assert await admin.client_kill_filter(_id=listener) == 1
@@ -310,7 +336,7 @@ async def test_a_broken_connection_wakes_waiters_to_poll(
         with pytest.raises(LockNotOwnedError):
             await holder.release()
     finally:
-        new_connections.set()
+        faults.connecting.set()
         await tasks.cancel_all()
         assert await listeners_gone(), "the listener went on after its waiter left"
         await c.aclose()
@@ -444,25 +470,28 @@ async def test_one_release_wakes_one_local_waiter(
 
 
 async def test_a_local_run_yielding_to_a_lingering_listener_does_not_idle_the_lock(
-    server: RedisServer, client: redis.Redis, other_client: redis.Redis, name: str, tasks: Tasks
+    server: RedisServer, other_client: redis.Redis, name: str, tasks: Tasks
 ) -> None:
-    """A local run that yields to another process's lingering listener still serves its next waiter.
+    """A local run that yields to a listener that takes nothing still serves its next waiter.
 
     After LOCAL_RUN a releaser with local waiters lets other processes go first if
     any listens on the channel. A waiter that has just given up elsewhere still
     listens (its subscription lingers) but takes nothing: the next local waiter must
-    not then sleep its whole 5 s step with the lock free.
+    not then sleep its whole 5 s step with the lock free, even when the release
+    message reaches this process before the reply to the release does.
     """
+    mine, faults = faulty_client(server)
     third = redis.Redis.from_url(server.url)
     try:
         holder = await hold(other_client, name)
-        first = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-        second = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
+        first = AsyncLock(mine, name, backoff=backoff.constant(LONG_STEP))
+        second = AsyncLock(mine, name, backoff=backoff.constant(LONG_STEP))
         released: list[float] = []
 
         async def run_long() -> None:
             async with first:  # taken after a notification: this process listens too
                 await asyncio.sleep(LOCAL_RUN + 0.03)
+                faults.script_reply_delay = 0.03
             released.append(time.monotonic())
 
         async def take() -> float:
@@ -482,6 +511,7 @@ async def test_a_local_run_yielding_to_a_lingering_listener_does_not_idle_the_lo
     finally:
         await tasks.cancel_all()
         await third.aclose()
+        await mine.aclose()
 
 
 # --- 5. FIFO among local waiters -----------------------------------------------------------------
