@@ -348,11 +348,6 @@ class Subscription:
         self._seen = seen
         self._closed = False
 
-    @property
-    def live(self) -> bool:
-        """Whether releases on the channel reach this process right now."""
-        return self._channel.state is _State.LIVE
-
     def mark(self) -> None:
         """Note the channel's generation: call it before each attempt."""
         self._seen = self._channel.generation

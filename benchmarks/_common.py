@@ -39,6 +39,7 @@ __all__ = [
     "count_overlaps",
     "default_loop",
     "embedded_server",
+    "finish",
     "fmt_ms",
     "out_dir",
     "percentiles",
@@ -325,3 +326,17 @@ class Stopwatch:
 
     def __exit__(self, *exc: object) -> None:
         self.elapsed = time.perf_counter() - self.started
+
+
+def finish(module: str, argv: Sequence[str], chart: Path, data: Path, overlaps: int) -> int:
+    """Say where the results went and how to reproduce them; the exit status.
+
+    Returns:
+        1 if any holdings overlapped (two holders at once), else 0.
+    """
+    print(f"wrote {chart} and {data}")
+    print(f"reproduce: {repro_command(module, argv)}")
+    if overlaps:
+        print(f"ERROR: {overlaps} overlapping holdings (two holders at once)", file=sys.stderr)
+        return 1
+    return 0

@@ -47,6 +47,7 @@ from ._common import (
     add_common_args,
     count_overlaps,
     embedded_server,
+    finish,
     out_dir,
     percentiles,
     print_table,
@@ -491,12 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "overlaps": overlaps,
         },
     )
-    print(f"wrote {chart} and {directory / f'{NAME}.json'}")
-    print(f"reproduce: {repro_command(MODULE, argv_list)}")
-    if overlaps:
-        print(f"ERROR: {overlaps} overlapping holdings (two holders at once)", file=sys.stderr)
-        return 1
-    return 0
+    return finish(MODULE, argv_list, chart, directory / f"{NAME}.json", overlaps)
 
 
 if __name__ == "__main__":
