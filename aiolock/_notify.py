@@ -383,12 +383,18 @@ class Subscription:
 _listeners: weakref.WeakKeyDictionary[Any, dict[str, _Listener]] = weakref.WeakKeyDictionary()
 
 
-def _listener(client: Client, channel: str) -> _Listener:
-    label, connection_class, kwargs = _connection_for(client, channel)
+def listeners_of(client: Client) -> dict[str, _Listener]:
+    """Return the listeners of ``client`` by node (a lock keeps this dict for fast lookups)."""
     try:
-        home = _listeners[client]
+        return _listeners[client]
     except KeyError:
         home = _listeners[client] = {}
+        return home
+
+
+def _listener(client: Client, channel: str) -> _Listener:
+    label, connection_class, kwargs = _connection_for(client, channel)
+    home = listeners_of(client)
     listener = home.get(label)
     if listener is None:
         sharded = isinstance(client, RedisCluster)
@@ -399,8 +405,11 @@ def _listener(client: Client, channel: str) -> _Listener:
 def generation(client: Client, channel: str) -> int | None:
     """The generation of ``channel`` if this process is subscribed to it, else None."""
     home = _listeners.get(client)
-    if not home:
-        return None
+    return None if home is None else generation_in(home, channel)
+
+
+def generation_in(home: dict[str, _Listener], channel: str) -> int | None:
+    """:func:`generation`, given the client's listeners (see :func:`listeners_of`)."""
     for listener in home.values():
         found = listener.generation(channel)
         if found is not None:

@@ -29,6 +29,7 @@ from typing import Any, final
 import anyio
 
 from ._cancel import honour_cancellation
+from ._timers import Timer
 
 __all__ = ["Holding", "keep_alive"]
 
@@ -75,7 +76,7 @@ class Holding:
         self.loss_reason = ""
         self.ended = False
         self.has_baton = True
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Timer | None = None
         self.renewal: asyncio.Task[None] | None = None
         self.callbacks: list[asyncio.Future[Any]] = []
         self.owner_done: Callable[[asyncio.Task[Any]], None] | None = None

@@ -23,15 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, final
 
-import anyio
-
 from ._exceptions import LockError
+from ._timers import Cutoff
 
 if TYPE_CHECKING:
     from ._lock import AsyncLock
@@ -45,6 +43,7 @@ __all__ = [
     "Turn",
     "existing_queue",
     "queue_for",
+    "queues_of",
 ]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
@@ -110,6 +109,13 @@ class LocalQueue:
         """How many local tasks wait for the baton (one it is being handed to included)."""
         return len(self._waiters) + (self.reserved is not None)
 
+    def take(self, task: asyncio.Task[Any]) -> bool:
+        """Take the baton at once if nobody has it or waits for it (the fast path)."""
+        if self.owner is None and self.reserved is None and not self._waiters:
+            self.owner = task
+            return True
+        return False
+
     async def enter(
         self, task: asyncio.Task[Any], lock: AsyncLock, deadline: float | None, blocking: bool
     ) -> Ticket | None:
@@ -139,7 +145,7 @@ class LocalQueue:
             if deadline is None:
                 await entry.future
             else:
-                with anyio.move_on_after(deadline - time.monotonic()):
+                with Cutoff(deadline):
                     await entry.future
         except BaseException:
             await self._abandon(entry)
@@ -207,19 +213,23 @@ class LocalQueue:
 _queues: weakref.WeakKeyDictionary[Any, dict[str, LocalQueue]] = weakref.WeakKeyDictionary()
 
 
-def queue_for(client: object, key: str) -> LocalQueue:
-    """Return the local queue of ``key`` on ``client``, making it on first use."""
+def queues_of(client: object) -> dict[str, LocalQueue]:
+    """Return the queues of ``client`` by key (a lock keeps this dict for fast lookups)."""
     try:
-        home = _queues[client]
+        return _queues[client]
     except KeyError:
         home = _queues[client] = {}
+        return home
+
+
+def queue_for(home: dict[str, LocalQueue], key: str) -> LocalQueue:
+    """Return the local queue of ``key`` in ``home`` (see :func:`queues_of`), making it."""
     queue = home.get(key)
     if queue is None:
         queue = home[key] = LocalQueue(home, key)
     return queue
 
 
-def existing_queue(client: object, key: str) -> LocalQueue | None:
-    """Return the local queue of ``key`` on ``client`` if anyone is in it."""
-    home = _queues.get(client)
-    return None if home is None else home.get(key)
+def existing_queue(home: dict[str, LocalQueue], key: str) -> LocalQueue | None:
+    """Return the local queue of ``key`` in ``home`` if anyone is in it."""
+    return home.get(key)

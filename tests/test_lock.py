@@ -214,7 +214,7 @@ async def test_all_keys_of_a_lock_share_one_hash_slot(
 async def test_scripts_are_called_by_sha(
     client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """An acquire/extend/release cycle is three EVALSHA calls and no EVAL."""
+    """An uncontended cycle is a bare SET, then EVALSHA for extend and release; never EVAL."""
     lock = AsyncLock(client, name)
     async with lock:  # loads the scripts on this server
         pass
@@ -222,15 +222,19 @@ async def test_scripts_are_called_by_sha(
     assert await lock.acquire()
     await lock.extend()
     await lock.release()
-    assert await calls(admin, "evalsha") == 3
+    assert await calls(admin, "set") == 1
+    assert await calls(admin, "evalsha") == 2
     assert await calls(admin, "eval") == 0
 
 
 async def test_lock_works_after_script_flush(
     client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """After SCRIPT FLUSH the scripts are loaded again (NOSCRIPT fallback), still without EVAL."""
-    lock = AsyncLock(client, name)
+    """After SCRIPT FLUSH the scripts are loaded again (NOSCRIPT fallback), still without EVAL.
+
+    With fencing, even an uncontended acquire runs a script (SET NX and INCR in one).
+    """
+    lock = AsyncLock(client, name, fencing=True)
     async with lock:
         pass
     await admin.script_flush()
@@ -244,6 +248,7 @@ async def test_lock_works_after_script_flush(
     assert not await lock.locked()
     assert await calls(admin, "script|load") >= 3
     assert await calls(admin, "eval") == 0
+    await admin.delete(f"{lock.key}:fence")  # the fencing counter is meant to stay
 
 
 # --- 3. mutual exclusion -------------------------------------------------------------------------
@@ -441,7 +446,7 @@ async def test_same_key_through_second_object_raises(client: redis.Redis, name: 
 async def test_try_once(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, how: str
 ) -> None:
-    """timeout=0 and blocking=False send exactly one attempt and return False at once."""
+    """timeout=0 and blocking=False send exactly one SET NX (no PTTL) and return False at once."""
     async with held_elsewhere(other_client, name):
         lock = AsyncLock(client, name)
         async with AsyncLock(client, f"{name}:warm"):  # the scripts are loaded
@@ -453,10 +458,11 @@ async def test_try_once(
         else:
             assert not await lock.acquire(blocking=False)
         assert time.monotonic() - started < 0.1
-        assert await calls(admin, "evalsha") == 1
+        assert (await calls(admin, "set"), await calls(admin, "pttl")) == (1, 0)
         assert not await AsyncLock(client, name, timeout=0).acquire()
         assert not await AsyncLock(client, name, blocking=False).acquire()
-        assert await calls(admin, "evalsha") == 3
+        assert (await calls(admin, "set"), await calls(admin, "pttl")) == (3, 0)
+        assert await calls(admin, "evalsha") == 0
 
 
 async def test_blocking_false_with_timeout_is_rejected(client: redis.Redis, name: str) -> None:
@@ -636,7 +642,7 @@ async def test_custom_policy_delays_are_slept(
         policy.iterators = policy.drawn = 0  # forget what the constructor probed
         await admin.config_resetstat()
         assert not await lock.acquire(timeout=0.27)
-        attempts = await calls(admin, "evalsha")
+        attempts = await calls(admin, "set")  # one SET per attempt, bare or in a script
         assert policy.iterators == 1
         # 0.27 s of 0.05 s pauses: about 6 pauses and 7 attempts; spinning would be hundreds.
         assert 4 <= policy.drawn <= 7, policy.drawn
@@ -702,7 +708,7 @@ async def test_default_backoff_is_bounded_and_wakes_at_expiry(
     with anyio.fail_after(3):
         assert await lock.acquire()
     elapsed = time.monotonic() - started
-    attempts = await calls(admin, "evalsha")
+    attempts = await calls(admin, "set")  # one SET per attempt, bare or in a script
     try:
         assert ttl - 0.05 <= elapsed < ttl + 0.05, elapsed
         assert attempts < 40, attempts

@@ -30,7 +30,7 @@ from conftest import in_use_connections, other_tasks
 from faultproxy import FaultProxy
 
 from aiolock import AsyncLock, LockError, LockLostError, LockNotOwnedError
-from aiolock._scripts import ACQUIRE
+from aiolock._scripts import RELEASE
 from aiolock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -671,14 +671,14 @@ async def test_server_restart_loses_lock_and_scripts_reload(
         assert isinstance(outcome.error, LockLostError), outcome.error
         assert [who for who, _ in losses.calls] == [lock]
         assert await adm.exists(lock.key) == 0
-        # The restarted server has no scripts: the acquire script is loaded again (NOSCRIPT).
-        sha = hashlib.sha1(ACQUIRE.encode(), usedforsecurity=False).hexdigest()
+        # The restarted server has no scripts: the release script is loaded again (NOSCRIPT).
+        sha = hashlib.sha1(RELEASE.encode(), usedforsecurity=False).hexdigest()
         assert await adm.script_exists(sha) == [False]
         again = AsyncLock(c, name, ttl=ttl)
         assert await again.acquire(blocking=False)
-        assert await adm.script_exists(sha) == [True]
         assert await again.owned()
         await again.release()
+        assert await adm.script_exists(sha) == [True]
         assert await adm.exists(again.key) == 0
         assert await other_tasks() == set()
     finally:
