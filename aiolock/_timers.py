@@ -68,25 +68,32 @@ class Timer:
 
 @final
 class _Scheduler:
-    """The deadlines of one event loop, on one loop timer."""
+    """The deadlines of one event loop, on one loop timer.
 
-    __slots__ = ("__weakref__", "_armed", "_cancelled", "_handle", "_heap", "_loop", "_order")
+    Nothing global holds a scheduler strongly: the registry maps the loop to
+    a weak reference, and the loop's own pending timer keeps the scheduler
+    alive while it has deadlines. So a closed loop, its scheduler and
+    whatever its deadlines refer to (tasks, holdings) are freed together.
+    That is also why the loop timer is never kept here to be cancelled: a
+    stale firing (after an earlier deadline re-armed it) sees that its
+    ``generation`` is old and does nothing.
+    """
+
+    __slots__ = ("__weakref__", "_armed", "_cancelled", "_generation", "_heap", "_loop", "_order")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        # A weak reference: the registry maps loop -> scheduler weakly by key, and a
-        # strong one here would keep every loop (and so its scheduler) alive forever.
         self._loop = weakref.ref(loop)
         self._heap: list[tuple[float, int, Timer]] = []
         self._order = itertools.count()
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed = 0.0
+        self._generation = 0
+        self._armed: float | None = None  # the deadline the current loop timer is for
         self._cancelled = 0
 
     def add(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> Timer:
         timer = Timer(self, when, callback, args)
         heapq.heappush(self._heap, (when, next(self._order), timer))
-        if self._handle is None or when < self._armed:
-            self._arm(when)
+        if self._armed is None or when < self._armed:
+            self._arm(self._heap[0][0])  # not `when`: from a callback, earlier ones may wait
         return timer
 
     def cancelled(self) -> None:
@@ -97,21 +104,22 @@ class _Scheduler:
             self._cancelled = 0
 
     def _arm(self, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
         loop = self._loop()
         if loop is None:  # pragma: no cover - the loop is gone, and its deadlines with it
-            self._handle = None
+            self._armed = None
             return
+        self._generation += 1
         self._armed = when
-        self._handle = loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+        loop.call_later(max(0.0, when - time.monotonic()), self._fire, self._generation)
 
-    def _fire(self) -> None:
-        self._handle = None
-        heap = self._heap
+    def _fire(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # re-armed for an earlier deadline meanwhile
+        self._armed = None
         now = time.monotonic()
-        while heap and (heap[0][2].done or heap[0][0] <= now):
-            timer = heapq.heappop(heap)[2]
+        # self._heap is read afresh at every step: a callback may compact it.
+        while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
+            timer = heapq.heappop(self._heap)[2]
             if timer.done:
                 self._cancelled -= 1
                 continue
@@ -123,23 +131,25 @@ class _Scheduler:
                     loop.call_exception_handler(
                         {"message": "aiolock timer callback failed", "exception": exc}
                     )
-        if heap:
+        if self._heap and self._armed is None:
             # Loop timers may fire a little early (uvloop counts whole milliseconds):
             # whatever is not yet due waits for another turn.
-            self._arm(heap[0][0])
+            self._arm(self._heap[0][0])
 
 
-_schedulers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Scheduler] = (
-    weakref.WeakKeyDictionary()
-)
+_schedulers: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.ReferenceType[_Scheduler]
+] = weakref.WeakKeyDictionary()
 
 
 def call_at(when: float, callback: Callable[..., object], *args: Any) -> Timer:
     """Call ``callback(*args)`` in the running loop at monotonic time ``when``."""
     loop = asyncio.get_running_loop()
-    scheduler = _schedulers.get(loop)
+    ref = _schedulers.get(loop)
+    scheduler = None if ref is None else ref()
     if scheduler is None:
-        scheduler = _schedulers[loop] = _Scheduler(loop)
+        scheduler = _Scheduler(loop)
+        _schedulers[loop] = weakref.ref(scheduler)
     return scheduler.add(when, callback, args)
 
 

@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
-LOCAL_RUN: Final = 0.05
+LOCAL_RUN: Final = 0.1
 #: Seconds the next local task waits, after a run yielded, before it tries anyway.
 YIELD_WAIT: Final = 0.005
 

@@ -3,7 +3,7 @@
 Four workloads, each run with every subject on a private embedded Valkey:
 
 * W1: 1 coroutine, 3000 uncontended acquire + release cycles on one key, in
-  10 rounds with the subjects taking turns (cycle costs are medians of rounds,
+  30 rounds with the subjects taking turns (cycle costs are medians of rounds,
   ratios medians of the ratios between rounds run side by side);
 * W2: 1000 coroutines sharing 2000 acquisitions of one key;
 * W3: 50 coroutines sharing 2000 acquisitions;
@@ -118,7 +118,7 @@ class Workload:
 
 
 FULL_WORKLOADS: Final = (
-    Workload("W1", 1, 1, 3000, rounds=10),
+    Workload("W1", 1, 1, 3000, rounds=30),
     Workload("W2", 1, 1000, 2000),
     Workload("W3", 1, 50, 2000),
     Workload("W4", 4, 50, 2000),

@@ -41,7 +41,7 @@ number of units than it answered ``{"ok": true}`` for, stopped short of the
 stock after answering "sold out", or could not collect every worker's figures.
 Whether the default met its target is printed, not part of the status.
 
-    .venv/bin/python -m benchmarks.seckill              # the full run (~1.5 minutes)
+    .venv/bin/python -m benchmarks.seckill              # the full run (~2 minutes)
     .venv/bin/python -m benchmarks.seckill --quick      # a smoke run
     .venv/bin/python -m benchmarks.seckill --clients 50 --repeat 1   # article-like pollers
 """
@@ -805,7 +805,7 @@ def _fill_defaults(args: argparse.Namespace) -> None:
         "stock": 500,
         "lock_timeout": 10.0,
         "row_budget": 30.0,
-        "repeat": 3,
+        "repeat": 5,
     }
     quick: dict[str, float] = {
         "requests": 100,
