@@ -41,7 +41,7 @@ number of units than it answered ``{"ok": true}`` for, stopped short of the
 stock after answering "sold out", or could not collect every worker's figures.
 Whether the default met its target is printed, not part of the status.
 
-    .venv/bin/python -m benchmarks.seckill              # the full run (~2 minutes)
+    .venv/bin/python -m benchmarks.seckill              # the full run (~3 minutes)
     .venv/bin/python -m benchmarks.seckill --quick      # a smoke run
     .venv/bin/python -m benchmarks.seckill --clients 50 --repeat 1   # article-like pollers
 """
@@ -780,13 +780,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--repeat",
         type=int,
-        help="runs per strategy, interleaved in rounds and pooled (default 3; quick 1)",
+        help="runs per strategy, interleaved in rounds and pooled (default 8; quick 1)",
     )
     parser.add_argument(
         "--time-budget",
         type=float,
-        default=150.0,
-        help="seconds after which no new round starts (default 150; the first always runs)",
+        default=240.0,
+        help="seconds after which no new round starts (default 240; the first always runs)",
     )
     parser.add_argument(
         "--strategies",
@@ -805,7 +805,7 @@ def _fill_defaults(args: argparse.Namespace) -> None:
         "stock": 500,
         "lock_timeout": 10.0,
         "row_budget": 30.0,
-        "repeat": 5,
+        "repeat": 8,
     }
     quick: dict[str, float] = {
         "requests": 100,
