@@ -9,8 +9,9 @@ PYTEST_ARGS ?=
 SOURCES := $(wildcard aiolock tests benchmarks examples)
 
 BENCH_ARGS ?=
+SOAK_ARGS ?=
 
-.PHONY: demo test bench lint types pytest clean
+.PHONY: demo test bench soak lint types pytest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,11 @@ demo: $(VENV)/.demo-installed
 # (benchmarks/results/*.png, *.json). BENCH_ARGS goes to each, e.g. BENCH_ARGS=--quick.
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The soak: 4 processes x 100 coroutines on 20 names under random faults, bounded to
+# 10 minutes; prints a summary table (benchmarks/results/soak.json). E.g. SOAK_ARGS=--quick.
+soak: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check $(SOURCES)

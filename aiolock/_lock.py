@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from . import _notify
@@ -123,6 +124,35 @@ def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+@final
+class _ClosedTransport:
+    """Turn uvloop's bare ``RuntimeError`` on a closed transport into redis-py's error.
+
+    On a connection the server reset, redis-py translates ``OSError`` into
+    ``ConnectionError``, but uvloop raises ``RuntimeError("unable to perform
+    operation on <TCPTransport closed=True ...>")`` instead, which would reach
+    callers who catch ``RedisError``. Other ``RuntimeError`` pass unchanged.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        if exc_type is RuntimeError and "unable to perform operation on" in str(exc):
+            raise RedisConnectionError(f"the connection to the server was closed: {exc}") from exc
+        return False
+
+
+_TRANSPORT: Final = _ClosedTransport()
 
 
 def _current_task() -> asyncio.Task[Any]:
@@ -540,14 +570,16 @@ class AsyncLock:
     async def _set(self, token: str, ms: int, pttl: bool) -> list[int]:
         # execute_command, not client.set(): the same command without redis-py's
         # argument checks, which cost as much as the rest of our acquire.
-        if await self._client.execute_command("SET", self._key, token, "NX", "PX", ms):
-            return [1, 0]
-        if not pttl:  # nobody will wait: -1 is "no bound from the holder's lease"
-            return [0, -1]
-        return [0, int(await self._client.execute_command("PTTL", self._key))]
+        with _TRANSPORT:
+            if await self._client.execute_command("SET", self._key, token, "NX", "PX", ms):
+                return [1, 0]
+            if not pttl:  # nobody will wait: -1 is "no bound from the holder's lease"
+                return [0, -1]
+            return [0, int(await self._client.execute_command("PTTL", self._key))]
 
     async def _script(self, token: str, ms: int) -> list[int]:
-        reply: list[int] = await self._scripts.acquire(self._acquire_keys, (token, ms))
+        with _TRANSPORT:
+            reply: list[int] = await self._scripts.acquire(self._acquire_keys, (token, ms))
         return reply
 
     async def _undo(self, token: str) -> None:
@@ -563,10 +595,12 @@ class AsyncLock:
         return min(self._ttl, _CLEANUP_BOUND)
 
     async def _release_script(self, token: str) -> bool:
-        return bool(await self._scripts.release((self._key,), (token, *self._release_args)))
+        with _TRANSPORT:
+            return bool(await self._scripts.release((self._key,), (token, *self._release_args)))
 
     async def _extend_script(self, token: str, ttl: float) -> bool:
-        return bool(await self._scripts.extend((self._key,), (token, int(ttl * 1000))))
+        with _TRANSPORT:
+            return bool(await self._scripts.extend((self._key,), (token, int(ttl * 1000))))
 
     # -- holding -----------------------------------------------------------------------
 
@@ -783,7 +817,8 @@ class AsyncLock:
             "1" if may_yield else "0",
         )
         try:
-            reply = await self._scripts.handover(heir._acquire_keys, args)
+            with _TRANSPORT:
+                reply = await self._scripts.handover(heir._acquire_keys, args)
         except BaseException:
             # It may have run: make sure neither token keeps the key, then let the heir contend.
             queue.give(entry, Turn.CONTEND)
@@ -833,7 +868,8 @@ class AsyncLock:
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock now (asks the server)."""
-        return bool(await self._client.exists(self._key))
+        with _TRANSPORT:
+            return bool(await self._client.exists(self._key))
 
     async def owned(self) -> bool:
         """Whether this holder's token is the current one on the server (asks it).
@@ -844,7 +880,8 @@ class AsyncLock:
         holding = self._holding_to_release()
         if holding is None or holding.ended or holding.lost:
             return False
-        value = await self._client.get(self._key)
+        with _TRANSPORT:
+            value = await self._client.get(self._key)
         return value is not None and value in (holding.token, holding.token.encode())
 
     # -- async with --------------------------------------------------------------------

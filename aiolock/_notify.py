@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, final
 import anyio
 import anyio.lowlevel
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
