@@ -342,10 +342,16 @@ class AsyncLock:
         """Whether this holder's most recent holding was lost while held.
 
         Looks at the calling task's holding if it has one, else at the
-        object's most recent holding. Reset by the next acquisition.
+        object's most recent holding. Reset by the next acquisition. It is
+        True as soon as the holder's own clock says the lease is over, even
+        before the watchdog has run (after the event loop was blocked past
+        the lease, the first look already says so), so checking it right
+        before a write never lets a holder past its lease write.
         """
         holding = self._holding_of_caller()
-        return holding.lost if holding is not None else False
+        if holding is None:
+            return False
+        return holding.lost or (not holding.ended and time.monotonic() >= holding.lease_end)
 
     @property
     def fence(self) -> int | None:

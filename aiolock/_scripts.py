@@ -19,6 +19,27 @@ if TYPE_CHECKING:
 
     from ._types import Client
 
+# The next fence of a lock (KEYS[2] of ACQUIRE and HANDOVER): one more than the
+# last, and never below the server's clock in microseconds. The floor keeps
+# fences increasing across a restart that lost the counter (no persistence, or
+# a failover to a replica without it): otherwise the first holder after the
+# restart would get fence 1 while a stale holder from before still writes with
+# a higher one, or get the very fence a stale holder uses. It assumes the
+# server's clock does not go back across a restart by more than the fences
+# advanced, and fewer than a million fences per second.
+_NEXT_FENCE = """
+local function next_fence(key)
+    local fence = redis.call('INCR', key)
+    local now = redis.call('TIME')
+    local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    if fence < floor then
+        redis.call('SET', key, string.format('%d', floor))
+        return floor
+    end
+    return fence
+end
+"""
+
 # ACQUIRE
 #   KEYS[1]  the lock key
 #   KEYS[2]  (only with fencing) the fencing counter
@@ -27,10 +48,10 @@ if TYPE_CHECKING:
 # Returns {1, fence} when the lock was taken (fence is 0 without KEYS[2]),
 # or {0, pttl} when someone holds it (pttl as PTTL reports it: the remaining
 # lease in ms, -1 for a key without expiry, -2 if it vanished meanwhile).
-ACQUIRE = """
+ACQUIRE = _NEXT_FENCE + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if KEYS[2] then
-        return {1, redis.call('INCR', KEYS[2])}
+        return {1, next_fence(KEYS[2])}
     end
     return {1, 0}
 end
@@ -86,7 +107,7 @@ return 0
 # some other process listens on the channel (waits for the lock); otherwise
 # {1, fence}: the key now holds the next holder's token and lease (fence as
 # in ACQUIRE).
-HANDOVER = """
+HANDOVER = _NEXT_FENCE + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {0, 0}
 end
@@ -109,7 +130,7 @@ if ARGV[7] == '1' then
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 if KEYS[2] then
-    return {1, redis.call('INCR', KEYS[2])}
+    return {1, next_fence(KEYS[2])}
 end
 return {1, 0}
 """
