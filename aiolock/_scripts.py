@@ -48,7 +48,9 @@ end
 # Returns {1, fence} when the lock was taken (fence is 0 without KEYS[2]),
 # or {0, pttl} when someone holds it (pttl as PTTL reports it: the remaining
 # lease in ms, -1 for a key without expiry, -2 if it vanished meanwhile).
-ACQUIRE = _NEXT_FENCE + """
+ACQUIRE = (
+    _NEXT_FENCE
+    + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if KEYS[2] then
         return {1, next_fence(KEYS[2])}
@@ -57,6 +59,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return {0, redis.call('PTTL', KEYS[1])}
 """
+)
 
 # RELEASE
 #   KEYS[1]  the lock key
@@ -107,7 +110,9 @@ return 0
 # some other process listens on the channel (waits for the lock); otherwise
 # {1, fence}: the key now holds the next holder's token and lease (fence as
 # in ACQUIRE).
-HANDOVER = _NEXT_FENCE + """
+HANDOVER = (
+    _NEXT_FENCE
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {0, 0}
 end
@@ -134,6 +139,7 @@ if KEYS[2] then
 end
 return {1, 0}
 """
+)
 
 
 @final
