@@ -359,7 +359,9 @@ class AsyncLock:
 
         Strictly increases with each acquisition of this name by any holder,
         so a resource that remembers the highest fence it has seen can reject
-        writes from a holder whose lock has since passed to someone else.
+        writes from a holder whose lock has since passed to someone else. It
+        is never below the server's clock in microseconds (a large number),
+        so it keeps increasing across a server restart that lost the counter.
         """
         holding = self._holding_of_caller()
         return holding.fence if holding is not None else None
