@@ -17,6 +17,7 @@ import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from . import backoff as _backoff
@@ -784,11 +785,19 @@ class AsyncLock:
                 holding.has_baton = False  # reserved for `entry`
                 deleted = await self._hand_over(holding, queue, entry)
             else:
+                # Bounded by the lease: once it is over the key expires by itself, and
+                # waiting on for an answer would only stall the caller.
                 try:
-                    deleted = await self._release_script(holding.token)
+                    with Cutoff(holding.lease_end + _GRACE) as cutoff:
+                        deleted = await self._release_script(holding.token)
                 except asyncio.CancelledError:
                     await self._undo(holding.token)
                     raise
+                if cutoff.expired:
+                    raise RedisTimeoutError(
+                        f"releasing lock {self._name!r}: no answer before its lease ended; "
+                        "the server expires the key by itself"
+                    )
             if not deleted:
                 self._report_loss(holding, "the key was gone or held by another holder at release")
         finally:

@@ -1295,18 +1295,14 @@ async def test_a_waiter_cut_off_from_notifications_is_not_starved_by_a_local_run
         await proxy.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT: release() is bounded only by redis-py's socket timeout (5 s by default, "
-        "none with socket_timeout=None), not by the lease: a holder cut off while it releases "
-        "leaves `async with` only then, although its lease (and so the lock) ended long before"
-    ),
-)
 async def test_a_release_into_a_black_hole_ends_by_the_lease(
     server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
 ) -> None:
     """Leaving ``async with`` while the network is black-holed takes no longer than the lease.
+
+    Regression test for a defect this suite found: ``release()`` was bounded
+    only by redis-py's socket timeout (5 s by default, none at all with
+    ``socket_timeout=None``), not by the lease.
 
     The key expires at the lease end whatever happens, so a release still
     unanswered then is moot; waiting on (here for redis-py's 5 s socket
