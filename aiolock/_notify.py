@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from ._types import Client
 
-__all__ = ["LINGER", "Subscription", "generation", "subscribe"]
+__all__ = ["LINGER", "Subscription", "generation_in", "listeners_of", "subscribe"]
 
 logger = logging.getLogger("aiolock")
 
@@ -402,14 +402,11 @@ def _listener(client: Client, channel: str) -> _Listener:
     return listener
 
 
-def generation(client: Client, channel: str) -> int | None:
-    """The generation of ``channel`` if this process is subscribed to it, else None."""
-    home = _listeners.get(client)
-    return None if home is None else generation_in(home, channel)
-
-
 def generation_in(home: dict[str, _Listener], channel: str) -> int | None:
-    """:func:`generation`, given the client's listeners (see :func:`listeners_of`)."""
+    """The generation of ``channel`` if this process is subscribed to it, else None.
+
+    ``home`` is the client's listeners (see :func:`listeners_of`).
+    """
     for listener in home.values():
         found = listener.generation(channel)
         if found is not None:
@@ -418,7 +415,7 @@ def generation_in(home: dict[str, _Listener], channel: str) -> int | None:
 
 
 async def subscribe(client: Client, channel: str, seen: int | None) -> Subscription | None:
-    """Subscribe to ``channel`` (or share the subscription); ``seen`` from :func:`generation`.
+    """Subscribe to ``channel`` (or share the subscription); ``seen`` from :func:`generation_in`.
 
     Returns None when no listener can be made (a cluster that does not know
     the channel's node yet): the caller polls.
