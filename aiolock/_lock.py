@@ -29,14 +29,16 @@ from ._timers import Cutoff, call_at
 from ._types import Client
 from ._waiting import (
     LOCAL_RUN,
-    YIELD_WAIT,
+    MARK_SLACK,
     Entry,
     Grant,
     LocalQueue,
     Turn,
+    Yield,
     existing_queue,
     queue_for,
     queues_of,
+    yield_wait,
 )
 
 __all__ = ["AsyncLock", "LockStatistics"]
@@ -47,6 +49,8 @@ logger = logging.getLogger("aiolock")
 _GRACE: Final = 0.1
 #: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
 _CLEANUP_BOUND: Final = 1.0
+#: The reply of a first attempt (a bare ``SET``) that failed: the remaining lease is unknown.
+_UNKNOWN_PTTL: Final = -3
 
 
 class _Unset:
@@ -203,8 +207,11 @@ class AsyncLock:
 
     **Fairness.** Tasks of one process waiting through one client object are
     served first come, first served, and only the first of them sends
-    commands. Between processes (or client objects) there is no order: the
-    first attempt after a release wins.
+    commands. A release hands the lock straight to the next of them; once
+    such a run has lasted 0.1 s it lets waiters elsewhere go first, whether
+    they are notified or poll (they raise the ``<key>:waiting`` marker while
+    they pause). Between processes (or client objects) there is no order:
+    the first attempt after a release wins.
 
     **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
     key behind: an attempt that may have reached the server is undone with
@@ -246,6 +253,7 @@ class AsyncLock:
         "_key",
         "_last",
         "_listeners",
+        "_marker",
         "_name",
         "_notify",
         "_on_lost",
@@ -300,7 +308,12 @@ class AsyncLock:
 
         self._key = f"{prefix}{{{name}}}"
         self._channel = f"{self._key}:released"
-        self._acquire_keys = (self._key, f"{self._key}:fence") if fencing else (self._key,)
+        self._marker = f"{self._key}:waiting"
+        self._acquire_keys = (
+            (self._key, self._marker, f"{self._key}:fence")
+            if fencing
+            else (self._key, self._marker)
+        )
         sharded = "1" if isinstance(self._client, RedisCluster) else "0"
         self._release_args = (self._channel, sharded)
         self._scripts = scripts_for(self._client)
@@ -452,7 +465,7 @@ class AsyncLock:
         baseline = cancelling(task)
         queue = queue_for(self._queues, self._key)
         if queue.take(task):
-            ticket: Grant | Turn | None = Turn.CONTEND
+            ticket: Grant | Turn | Yield | None = Turn.CONTEND
         else:
             ticket = await queue.enter(task, self, deadline, deadline is None or deadline > started)
         if ticket is None:
@@ -465,7 +478,8 @@ class AsyncLock:
                 # The releaser's hand-over took longer than our lease: not a lock.
                 await self._undo(ticket.token)
                 ticket = Turn.CONTEND
-            holding = await self._contend(task, deadline, baseline, ticket is Turn.WAIT_FIRST)
+            pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
+            holding = await self._contend(task, deadline, baseline, pause)
         except BaseException:
             queue.leave()
             raise
@@ -475,20 +489,38 @@ class AsyncLock:
         return True
 
     async def _contend(
-        self, task: asyncio.Task[Any], deadline: float | None, baseline: int, wait_first: bool
+        self, task: asyncio.Task[Any], deadline: float | None, baseline: int, wait_first: float
     ) -> Holding | None:
         """Try on the server until acquired or past the deadline (we hold the baton).
 
         Between attempts it waits for the backoff step, capped by the holder's
         PTTL and the deadline, and, with ``notify``, cut short by a release
-        message on the lock's channel. With ``wait_first`` it starts with such
-        a wait (the local releaser just let other processes go first).
+        message on the lock's channel. With ``wait_first`` (seconds) it starts
+        with such a wait: the local releaser just let waiters elsewhere go first.
+
+        Each failed attempt that will be followed by a wait also raises the
+        lock's waiting marker for that long (plus ``MARK_SLACK``), so that a
+        holder elsewhere handing the lock from task to task in its own process
+        sees this waiter even when it cannot be notified, and lets it go first
+        (see :mod:`aiolock._waiting`). Giving up takes the marker down.
         """
         subscription: _notify.Subscription | None = None
+        waiter: str | None = None  # our id in the marker, once we raised it
+        holding: Holding | None = None
         try:
             delays: Iterator[float] | None = None
             step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
+            drawn = False  # `step` is already the pause after the attempt in flight
+            plain = not self._fencing  # the first attempt is a bare SET NX PX
             seen: int | None = None
+            if wait_first:
+                # Waiters elsewhere were told to go first; if none has taken the lock by
+                # then, try anyway. A plain sleep: the release message of the yield itself
+                # may still be on its way to our listener, and must not wake us.
+                if deadline is not None:
+                    wait_first = max(0.0, min(wait_first, deadline - time.monotonic()))
+                await anyio.sleep(wait_first)
+                await honour_cancellation(task, baseline)
             while True:
                 # Note the channel's generation before the attempt: news after this
                 # point (a release, a subscription confirmed) means "try again at once".
@@ -496,17 +528,22 @@ class AsyncLock:
                     subscription.mark()
                 elif self._notify:
                     seen = _notify.generation_in(self._listeners, self._channel)
-                if wait_first:
-                    wait_first = False
-                    # Another process was told to go first; if it does not take the lock
-                    # within YIELD_WAIT (the release message may also have come before we
-                    # looked), try anyway.
-                    reply: list[int] | None = [0, int(YIELD_WAIT * 1000)]
-                    sent = now = time.monotonic()
-                else:
-                    token = secrets.token_hex(16)
-                    sent = time.monotonic()
-                    reply = await self._attempt(token, deadline, first=delays is None)
+                token = secrets.token_hex(16)
+                mark_ms = 0
+                if plain:
+                    plain = False
+                elif deadline is None or deadline > time.monotonic():
+                    # Draw the pause that will follow a failure now: the marker lasts that long.
+                    if delays is None:
+                        delays = self._backoff.delays()
+                    step = _backoff._check_delay(next(delays, step))
+                    drawn = True
+                    bound = step if deadline is None else min(step, deadline - time.monotonic())
+                    mark_ms = int((bound + MARK_SLACK) * 1000) + 1
+                    if waiter is None:
+                        waiter = secrets.token_hex(8)
+                sent = time.monotonic()
+                reply = await self._attempt(token, deadline, waiter, mark_ms)
                 if cancelling(task) > baseline:
                     if reply is not None and reply[0]:
                         await self._undo(token)
@@ -515,15 +552,20 @@ class AsyncLock:
                 if reply is not None and reply[0]:
                     if now < sent + self._ttl:
                         fence = int(reply[1]) if self._fencing else None
-                        return self._hold(task, token, sent, fence)
+                        holding = self._hold(task, token, sent, fence)
+                        return holding
                     # The reply came after the lease it granted had run out: not a lock.
                     await self._undo(token)
                     reply = None
                 if deadline is not None and now >= deadline:
                     return None
-                if delays is None:
-                    delays = self._backoff.delays()
-                step = _backoff._check_delay(next(delays, step))
+                if reply is not None and reply[1] == _UNKNOWN_PTTL:
+                    continue  # the first, bare attempt failed: the script follows at once
+                if not drawn:
+                    if delays is None:
+                        delays = self._backoff.delays()
+                    step = _backoff._check_delay(next(delays, step))
+                drawn = False
                 delay = step
                 pttl = int(reply[1]) if reply is not None else -1
                 if pttl >= 0:
@@ -532,7 +574,7 @@ class AsyncLock:
                 elif pttl == -2:
                     delay = 0.0
                 if deadline is not None:
-                    delay = min(delay, deadline - now)
+                    delay = max(0.0, min(delay, deadline - time.monotonic()))
                 if subscription is None and self._notify and delay > 0:
                     subscription = await _notify.subscribe(self._client, self._channel, seen)
                 if subscription is None:
@@ -543,31 +585,37 @@ class AsyncLock:
         finally:
             if subscription is not None:
                 subscription.close()
+            if waiter is not None and holding is None:
+                await self._unmark(waiter)
 
     async def _attempt(
-        self, token: str, deadline: float | None, *, first: bool
+        self, token: str, deadline: float | None, waiter: str | None, mark_ms: int
     ) -> list[int] | None:
         """Send one acquire attempt; None if it was cut off at the deadline.
 
         Returns ``[1, fence]`` if the lock was taken, else ``[0, pttl]`` (see
-        the ACQUIRE script). The ``first`` attempt of an acquisition without
+        the ACQUIRE script). An attempt without a ``waiter`` and without
         fencing is a bare ``SET NX PX``: on an uncontended lock (the common
         case) it costs a tenth less than the script, client and server
-        together. If it fails, a ``PTTL`` follows (unless this was the only
-        attempt); the scripted attempts after it get both in one round trip.
+        together; if it fails, the reply is ``[0, _UNKNOWN_PTTL]`` and the
+        scripted attempt follows, which gets the PTTL (and, with ``mark_ms``,
+        raises the waiting marker) in the same round trip.
 
         Whatever interrupts the attempt (cancellation, a redis-py error, the
         deadline), the ``SET`` may have reached the server, so it is undone
         with the same token before this returns or raises.
         """
         ms = int(self._ttl * 1000)
-        plain = first and not self._fencing
+        plain = waiter is None and not self._fencing
         try:
             if deadline is None:
-                return await (self._set(token, ms, True) if plain else self._script(token, ms))
-            wait = deadline > time.monotonic()
+                return await (
+                    self._set(token, ms) if plain else self._script(token, ms, waiter, mark_ms)
+                )
             with Cutoff(deadline + _GRACE) as cutoff:
-                reply = await (self._set(token, ms, wait) if plain else self._script(token, ms))
+                reply = await (
+                    self._set(token, ms) if plain else self._script(token, ms, waiter, mark_ms)
+                )
             if not cutoff.expired:
                 return reply
         except BaseException:
@@ -576,20 +624,35 @@ class AsyncLock:
         await self._undo(token)
         return None
 
-    async def _set(self, token: str, ms: int, pttl: bool) -> list[int]:
+    async def _set(self, token: str, ms: int) -> list[int]:
         # execute_command, not client.set(): the same command without redis-py's
         # argument checks, which cost as much as the rest of our acquire.
         with _TRANSPORT:
             if await self._client.execute_command("SET", self._key, token, "NX", "PX", ms):
                 return [1, 0]
-            if not pttl:  # nobody will wait: -1 is "no bound from the holder's lease"
-                return [0, -1]
-            return [0, int(await self._client.execute_command("PTTL", self._key))]
+        return [0, _UNKNOWN_PTTL]
 
-    async def _script(self, token: str, ms: int) -> list[int]:
+    async def _script(self, token: str, ms: int, waiter: str | None, mark_ms: int) -> list[int]:
         with _TRANSPORT:
-            reply: list[int] = await self._scripts.acquire(self._acquire_keys, (token, ms))
+            reply: list[int] = await self._scripts.acquire(
+                self._acquire_keys, (token, ms, waiter or "", mark_ms)
+            )
         return reply
+
+    async def _unmark(self, waiter: str) -> None:
+        """Take down the waiting marker if it is ours: shielded, bounded, best effort."""
+        try:
+            await run_shielded(lambda: self._unmark_script(waiter), self._cleanup_bound())
+        except Exception as exc:
+            logger.debug(
+                "could not take down the waiting marker of %r: %r (it expires by itself)",
+                self._name,
+                exc,
+            )
+
+    async def _unmark_script(self, waiter: str) -> None:
+        with _TRANSPORT:
+            await self._scripts.unmark((self._marker,), (waiter,))
 
     async def _undo(self, token: str) -> None:
         """Delete the key if it holds ``token``: shielded, bounded, best effort."""
@@ -834,7 +897,8 @@ class AsyncLock:
             "1" if may_yield else "0",
         )
         try:
-            with _TRANSPORT:
+            # Bounded by the releaser's lease, like a plain release.
+            with _TRANSPORT, Cutoff(holding.lease_end + _GRACE) as cutoff:
                 reply = await self._scripts.handover(heir._acquire_keys, args)
         except BaseException:
             # It may have run: make sure neither token keeps the key, then let the heir contend.
@@ -842,11 +906,20 @@ class AsyncLock:
             await self._undo(token)
             await self._undo(holding.token)
             raise
+        if cutoff.expired:
+            # It may have run and given the heir's token a fresh lease: take that back. The
+            # releaser's own key has expired by now (its lease is over).
+            queue.give(entry, Turn.CONTEND)
+            await self._undo(token)
+            raise RedisTimeoutError(
+                f"releasing lock {self._name!r}: no answer before its lease ended; "
+                "the server expires the key by itself"
+            )
         if reply[0] == 1:
             if not queue.give(entry, Grant(token, sent, int(reply[1]))):
                 await self._undo(token)  # the heir gave up meanwhile
             return True
-        queue.give(entry, Turn.WAIT_FIRST if reply[0] == 2 else Turn.CONTEND)
+        queue.give(entry, Yield(yield_wait(int(reply[1]))) if reply[0] == 2 else Turn.CONTEND)
         return bool(reply[0])
 
     async def extend(self, ttl: float | None = None) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from ._types import Client
 
-# The next fence of a lock (KEYS[2] of ACQUIRE and HANDOVER): one more than the
+# The next fence of a lock (KEYS[3] of ACQUIRE and HANDOVER): one more than the
 # last, and never below the server's clock in microseconds. The floor keeps
 # fences increasing across a restart that lost the counter (no persistence, or
 # a failover to a replica without it): otherwise the first holder after the
@@ -42,24 +42,47 @@ end
 
 # ACQUIRE
 #   KEYS[1]  the lock key
-#   KEYS[2]  (only with fencing) the fencing counter
+#   KEYS[2]  the waiting marker: present while someone elsewhere waits
+#   KEYS[3]  (only with fencing) the fencing counter
 #   ARGV[1]  the new holder's token
 #   ARGV[2]  the lease in milliseconds
-# Returns {1, fence} when the lock was taken (fence is 0 without KEYS[2]),
+#   ARGV[3]  the waiter's id (one per acquisition; '' when it will not wait)
+#   ARGV[4]  how long the marker must last if the attempt fails, in ms ('0': no marker)
+# Returns {1, fence} when the lock was taken (fence is 0 without KEYS[3]),
 # or {0, pttl} when someone holds it (pttl as PTTL reports it: the remaining
 # lease in ms, -1 for a key without expiry, -2 if it vanished meanwhile).
+# A failed attempt that will wait sets the marker to the waiter's id; a
+# successful one deletes the marker if the waiter was the last to set it (a
+# marker set since by another waiter is theirs to keep up).
 ACQUIRE = (
     _NEXT_FENCE
     + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    if KEYS[2] then
-        return {1, next_fence(KEYS[2])}
+    if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then
+        redis.call('DEL', KEYS[2])
+    end
+    if KEYS[3] then
+        return {1, next_fence(KEYS[3])}
     end
     return {1, 0}
+end
+if ARGV[4] ~= '0' then
+    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 end
 return {0, redis.call('PTTL', KEYS[1])}
 """
 )
+
+# UNMARK (a waiter that gives up)
+#   KEYS[1]  the waiting marker
+#   ARGV[1]  the waiter's id
+# Deletes the marker if this waiter was the last to set it. Returns 1 if it did.
+UNMARK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 # RELEASE
 #   KEYS[1]  the lock key
@@ -97,7 +120,8 @@ return 0
 
 # HANDOVER (a release straight to the next waiter of the same process)
 #   KEYS[1]  the lock key
-#   KEYS[2]  (only if the next holder uses fencing) the fencing counter
+#   KEYS[2]  the waiting marker (see ACQUIRE)
+#   KEYS[3]  (only if the next holder uses fencing) the fencing counter
 #   ARGV[1]  the releasing holder's token
 #   ARGV[2]  the next holder's token
 #   ARGV[3]  the next holder's lease in milliseconds
@@ -106,10 +130,12 @@ return 0
 #   ARGV[6]  how many subscribers of the channel are the releaser's own process
 #   ARGV[7]  '1' if the releaser should let waiters elsewhere go first
 # Returns {0, 0} if the key was not the releaser's (nothing is touched);
-# {2, 0} if it released the key and announced it, because ARGV[7] is '1' and
-# some other process listens on the channel (waits for the lock); otherwise
-# {1, fence}: the key now holds the next holder's token and lease (fence as
-# in ACQUIRE).
+# {2, marker} if it released the key and announced it, because ARGV[7] is '1'
+# and someone elsewhere waits for the lock: more than ARGV[6] subscribers
+# listen on the channel (they come at once: `marker` is -2), or else a waiter
+# that polls raised the marker (`marker` is its PTTL in ms: when that waiter
+# tries next, plus the slack); otherwise {1, fence}: the key now holds the next
+# holder's token and lease (fence as in ACQUIRE).
 HANDOVER = (
     _NEXT_FENCE
     + """
@@ -123,19 +149,23 @@ if ARGV[7] == '1' then
     else
         listening = redis.call('PUBSUB', 'NUMSUB', ARGV[4])[2]
     end
-    if listening > tonumber(ARGV[6]) then
+    local marker = -2
+    if listening <= tonumber(ARGV[6]) then
+        marker = redis.call('PTTL', KEYS[2])
+    end
+    if listening > tonumber(ARGV[6]) or marker ~= -2 then
         redis.call('DEL', KEYS[1])
         if ARGV[5] == '1' then
             redis.call('SPUBLISH', ARGV[4], '')
         else
             redis.call('PUBLISH', ARGV[4], '')
         end
-        return {2, 0}
+        return {2, marker}
     end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-if KEYS[2] then
-    return {1, next_fence(KEYS[2])}
+if KEYS[3] then
+    return {1, next_fence(KEYS[3])}
 end
 return {1, 0}
 """
@@ -146,13 +176,14 @@ return {1, 0}
 class Scripts:
     """The scripts, registered on one client."""
 
-    __slots__ = ("acquire", "extend", "handover", "release")
+    __slots__ = ("acquire", "extend", "handover", "release", "unmark")
 
     def __init__(self, client: Client) -> None:
         self.acquire: AsyncScript = client.register_script(ACQUIRE)
         self.release: AsyncScript = client.register_script(RELEASE)
         self.extend: AsyncScript = client.register_script(EXTEND)
         self.handover: AsyncScript = client.register_script(HANDOVER)
+        self.unmark: AsyncScript = client.register_script(UNMARK)
 
 
 _by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

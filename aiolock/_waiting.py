@@ -15,7 +15,15 @@ script swaps the token on the server, and the waiter wakes up holding the
 lock (a :class:`Grant`), one round trip instead of two. Such a local run
 yields to waiters in other processes once it has lasted :data:`LOCAL_RUN`
 seconds: the releaser then deletes the key and announces it, and the next
-local task first waits (:data:`Turn.WAIT_FIRST`) so that they can take it.
+local task first waits (a :class:`Yield`) so that they can take it.
+
+The releaser sees waiters elsewhere in two ways: they listen on the lock's
+release channel (``PUBSUB NUMSUB``), or they raised the lock's *waiting
+marker*, a key next to the lock key that a failed attempt sets for as long as
+the waiter means to pause before its next attempt, plus :data:`MARK_SLACK`.
+The marker finds waiters that cannot be notified (``notify=False``, or a cut
+pub/sub connection); its remaining lifetime tells when such a waiter will try
+next, and the yielding process waits until then (at most :data:`YIELD_CAP`).
 """
 
 from __future__ import annotations
@@ -36,27 +44,49 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_RUN",
+    "MARK_SLACK",
+    "YIELD_CAP",
     "YIELD_WAIT",
     "Entry",
     "Grant",
     "LocalQueue",
     "Turn",
+    "Yield",
     "existing_queue",
     "queue_for",
     "queues_of",
+    "yield_wait",
 ]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
 LOCAL_RUN: Final = 0.1
 #: Seconds the next local task waits, after a run yielded, before it tries anyway.
 YIELD_WAIT: Final = 0.005
+#: Seconds a waiter's marker outlives the pause it announces (its next attempt may be late).
+MARK_SLACK: Final = 0.25
+#: The longest the next local task waits for a polling waiter elsewhere to try.
+YIELD_CAP: Final = 0.5
+#: Seconds allowed for a polling waiter's attempt to reach the server after its pause.
+_YIELD_MARGIN: Final = 0.02
+
+
+def yield_wait(marker_pttl_ms: int) -> float:
+    """How long to let waiters elsewhere go first, given the waiting marker's PTTL.
+
+    Without a marker (``marker_pttl_ms < 0``) only notified waiters were
+    seen, and they come at once: :data:`YIELD_WAIT`. With one, until the
+    polling waiter's announced next attempt, within ``[YIELD_WAIT, YIELD_CAP]``.
+    """
+    if marker_pttl_ms < 0:
+        return YIELD_WAIT
+    due = marker_pttl_ms / 1000 - MARK_SLACK + _YIELD_MARGIN
+    return min(max(due, YIELD_WAIT), YIELD_CAP)
 
 
 class Turn(enum.Enum):
     """Why a waiter got the baton without the lock."""
 
     CONTEND = "contend"  # try on the server at once
-    WAIT_FIRST = "wait first"  # the releaser yielded to other processes: let them go first
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +98,18 @@ class Grant:
     fence: int
 
 
-Ticket = Grant | Turn
+@dataclass(frozen=True, slots=True)
+class Yield:
+    """The releaser yielded to waiters elsewhere: let them go first for ``seconds``.
+
+    The waiter tries on the server once that pause is over (or at a release
+    message), if they have not taken the lock meanwhile.
+    """
+
+    seconds: float
+
+
+Ticket = Grant | Turn | Yield
 
 
 @dataclass(eq=False, slots=True)
@@ -122,7 +163,8 @@ class LocalQueue:
         """Wait for the baton until ``deadline`` (``time.monotonic()``).
 
         Returns None if the deadline passed first, else what came with the
-        baton: a :class:`Grant` (the lock, handed over) or a :class:`Turn`.
+        baton: a :class:`Grant` (the lock, handed over), a :class:`Yield` or a
+        :class:`Turn`.
 
         Raises:
             LockError: ``task`` already holds the baton (it holds or waits for

@@ -1246,18 +1246,17 @@ async def test_a_careful_writer_sees_the_loss_as_soon_as_its_loop_runs(
             await nxt.release()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT: a local run of hand-overs yields to other processes only if PUBSUB NUMSUB "
-        "shows a subscriber besides its own; a waiter whose pub/sub connection is cut off "
-        "(or notify=False) is invisible, and starves for as long as the run goes on"
-    ),
-)
 async def test_a_waiter_cut_off_from_notifications_is_not_starved_by_a_local_run(
     server: RedisServer, client: redis.Redis, name: str, no_leaks: None
 ) -> None:
     """A waiter whose pub/sub connection is black-holed still gets the lock from a local run.
+
+    Regression test for a defect this suite found: a local run of hand-overs
+    yielded to other processes only if ``PUBSUB NUMSUB`` showed a subscriber
+    besides its own, so a waiter that could not subscribe (or polled with
+    ``notify=False``) was invisible and starved for as long as the run went
+    on. Waiters now raise a short-lived waiting marker that the hand-over
+    script counts too.
 
     README (Fairness): once a run of local hand-overs "has lasted 100 ms and
     another process is waiting, the releaser lets it go first". Here the
@@ -1326,6 +1325,50 @@ async def test_a_release_into_a_black_hole_ends_by_the_lease(
         assert error is None or foreign_errors([error]) == [], repr(error)
     finally:
         await cancel_all([leaving])
+        await cut.aclose()
+        await proxy.aclose()
+        await asyncio.sleep(ttl)  # the key the release could not delete expires
+
+
+async def test_a_hand_over_into_a_black_hole_ends_by_the_lease(
+    server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """Releasing to a local waiter while the network is black-holed ends by the lease too.
+
+    Regression test for a defect found while fixing the plain release: the
+    hand-over path of ``release()`` (taken when a task of the same process
+    waits) was bounded only by redis-py's socket timeout, not by the lease.
+    The waiter is then told to contend on the server itself, and, cut off
+    as well, gives up at its own timeout. Whatever either raises is redis-py's
+    or aiolock's, with a message.
+    """
+    ttl = 0.3
+    proxy = await FaultProxy(server.host, server.port).start()
+    cut = redis.Redis.from_url(proxy.url)
+    lock = AsyncLock(cut, name, ttl=ttl)
+    heir = AsyncLock(cut, name, ttl=ttl)
+
+    async def hold_then_leave() -> None:
+        async with lock:
+            await eventually(lambda: lock.statistics().tasks_waiting == 1, "the heir waits")
+            proxy.black_hole()  # the body is done; the hand-over goes into the black hole
+
+    leaving = asyncio.ensure_future(hold_then_leave())
+    await eventually(lambda: lock.statistics().held, "the lock is held")
+    waiting = asyncio.ensure_future(heir.acquire(timeout=2 * ttl))
+    try:
+        done, _ = await asyncio.wait({leaving}, timeout=ttl + 2 * SLACK)
+        assert done, f"still leaving `async with` {ttl + 2 * SLACK:.1f} s later (ttl {ttl} s)"
+        error = leaving.exception()
+        assert error is None or foreign_errors([error]) == [], repr(error)
+        # The heir's own timeout, then the bounded undo of its last attempt.
+        finished, _ = await asyncio.wait({waiting}, timeout=2 * ttl + ttl + 2 * SLACK)
+        assert finished, "the heir did not give up by its timeout"
+        error = waiting.exception()
+        assert error is None or foreign_errors([error]) == [], repr(error)
+        assert error is not None or waiting.result() is False
+    finally:
+        await cancel_all([leaving, waiting])
         await cut.aclose()
         await proxy.aclose()
         await asyncio.sleep(ttl)  # the key the release could not delete expires
