@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, final
 import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
@@ -197,6 +197,16 @@ class AsyncLock:
         prefix: the key prefix.
         fencing: number each acquisition with a strictly increasing
             :attr:`fence`, kept in a companion key that is never deleted.
+        replicas: how many replicas must acknowledge an acquisition (``WAIT``
+            on the connection that took the lock) before it counts; an
+            acquisition they do not acknowledge within ``replica_timeout`` is
+            released and counts as a failed attempt. ``0`` (the default)
+            does not wait. Not available on a ``RedisCluster`` client.
+        replica_timeout: how long to wait for that acknowledgement, in
+            seconds; defaults to ``min(ttl / 10, 1)``.
+        replica_fsync: acknowledgement means written to the replicas'
+            append-only files (``WAITAOF 0 replicas timeout``: the replicas
+            need ``appendonly yes``), not only received.
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
@@ -261,6 +271,9 @@ class AsyncLock:
         "_queues",
         "_reentrant",
         "_release_args",
+        "_replica_fsync",
+        "_replica_timeout",
+        "_replicas",
         "_scopes",
         "_scripts",
         "_timeout",
@@ -283,6 +296,9 @@ class AsyncLock:
         reentrant: bool = False,
         prefix: str = "aiolock:",
         fencing: bool = False,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
+        replica_fsync: bool = False,
     ) -> None:
         self._client = _check_client(client)
         if not isinstance(name, str):
@@ -305,6 +321,21 @@ class AsyncLock:
         self._cancel_on_lost = _check_bool("cancel_on_lost", cancel_on_lost)
         self._reentrant = _check_bool("reentrant", reentrant)
         self._fencing = _check_bool("fencing", fencing)
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise TypeError(f"replicas must be an int, got {replicas!r}")
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas!r}")
+        if replicas and isinstance(self._client, RedisCluster):
+            raise ValueError(
+                f"replicas={replicas} is not available with a RedisCluster client "
+                "(WAIT must run on the connection that took the lock)"
+            )
+        self._replicas = replicas
+        if replica_timeout is None:
+            self._replica_timeout = min(self._ttl / 10, 1.0)
+        else:
+            self._replica_timeout = _check_ttl(replica_timeout, "replica_timeout")
+        self._replica_fsync = _check_bool("replica_fsync", replica_fsync)
 
         self._key = f"{prefix}{{{name}}}"
         self._channel = f"{self._key}:released"
@@ -511,7 +542,7 @@ class AsyncLock:
             delays: Iterator[float] | None = None
             step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
             drawn = False  # `step` is already the pause after the attempt in flight
-            plain = not self._fencing  # the first attempt is a bare SET NX PX
+            plain = not (self._fencing or self._replicas)  # the first attempt is a bare SET
             seen: int | None = None
             if wait_first:
                 # Waiters elsewhere were told to go first; if none has taken the lock by
@@ -606,6 +637,8 @@ class AsyncLock:
         with the same token before this returns or raises.
         """
         ms = int(self._ttl * 1000)
+        if self._replicas:
+            return await self._replicated_attempt(token, ms, deadline, waiter, mark_ms)
         plain = waiter is None and not self._fencing
         try:
             if deadline is None:
@@ -623,6 +656,67 @@ class AsyncLock:
             raise
         await self._undo(token)
         return None
+
+    async def _replicated_attempt(
+        self, token: str, ms: int, deadline: float | None, waiter: str | None, mark_ms: int
+    ) -> list[int] | None:
+        """An attempt that counts only once ``replicas`` replicas acknowledged it.
+
+        Sent as one pipeline: the acquire script, then ``WAIT`` (or
+        ``WAITAOF``) on the same connection, so that it waits for this very
+        write. Returns like :meth:`_attempt`; an acquisition without the
+        acknowledgement in time is undone and reported as ``[0, -1]`` (a
+        failed attempt with no lease to wait for).
+        """
+        try:
+            if deadline is None:
+                reply = await self._acquire_and_wait(token, ms, waiter, mark_ms)
+            else:
+                with Cutoff(deadline + _GRACE) as cutoff:
+                    reply = await self._acquire_and_wait(token, ms, waiter, mark_ms)
+                if cutoff.expired:
+                    await self._undo(token)
+                    return None
+        except BaseException:
+            await self._undo(token)
+            raise
+        taken, acked = reply
+        if taken[0] and acked < self._replicas:
+            await self._undo(token)
+            logger.info(
+                "acquisition of lock %r not acknowledged by %d replicas within %s s "
+                "(%d did); released it",
+                self._name,
+                self._replicas,
+                self._replica_timeout,
+                acked,
+            )
+            return [0, -1]
+        return taken
+
+    async def _acquire_and_wait(
+        self, token: str, ms: int, waiter: str | None, mark_ms: int
+    ) -> tuple[list[int], int]:
+        script = self._scripts.acquire
+        keys = self._acquire_keys
+        wait_ms = max(1, int(self._replica_timeout * 1000))
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, token, ms, waiter or "", mark_ms)
+            if self._replica_fsync:
+                pipe.execute_command("WAITAOF", 0, self._replicas, wait_ms)
+            else:
+                pipe.execute_command("WAIT", self._replicas, wait_ms)
+            try:
+                with _TRANSPORT:
+                    taken, acked = await pipe.execute()
+            except NoScriptError:  # a restarted or flushed server: load it, then again
+                with _TRANSPORT:
+                    await self._client.script_load(script.script)
+                continue
+            count = int(acked[1]) if self._replica_fsync else int(acked)
+            return [int(taken[0]), int(taken[1])], count
+        raise NoScriptError(f"the acquire script of lock {self._name!r} could not be loaded")
 
     async def _set(self, token: str, ms: int) -> list[int]:
         # execute_command, not client.set(): the same command without redis-py's
@@ -844,6 +938,11 @@ class AsyncLock:
                 raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
             queue = existing_queue(self._queues, self._key) if holding.has_baton else None
             entry = queue.reserve() if queue is not None else None
+            if queue is not None and entry is not None and (self._replicas or entry.lock._replicas):
+                # An acquisition that replicas must acknowledge is taken on the server.
+                holding.has_baton = False
+                queue.give(entry, Turn.CONTEND)
+                entry = None
             if queue is not None and entry is not None:
                 holding.has_baton = False  # reserved for `entry`
                 deleted = await self._hand_over(holding, queue, entry)

@@ -1,8 +1,10 @@
 """Worker process for test_lock.py: many coroutines contend for one lock through one client.
 
-Usage: ``python _test_lock_worker.py URL NAME COROUTINES ROUNDS``. Prints ``ready`` once
-connected, waits for an item on the ``go`` list (so every process starts together), then
-prints one JSON line ``{"overlaps": n, "holdings": m}``.
+Usage: ``python _test_lock_worker.py URL NAME COROUTINES ROUNDS [fencing]``. Prints
+``ready`` once connected, waits for an item on the ``go`` list (so every process starts
+together), then prints one JSON line ``{"overlaps": n, "holdings": m}``. With ``fencing``
+the locks are made with ``fencing=True`` and each holder appends its fence to the list
+``test:{NAME}:fences`` inside the critical section (the list is the order of holdings).
 """
 
 from __future__ import annotations
@@ -16,22 +18,25 @@ import redis.asyncio as redis
 from aiolock import AsyncLock
 
 
-async def main(url: str, name: str, coroutines: int, rounds: int) -> None:
+async def main(url: str, name: str, coroutines: int, rounds: int, fencing: bool) -> None:
     """Run ``coroutines`` coroutines, each taking the lock ``rounds`` times."""
     client = redis.Redis.from_url(url)
     busy = f"test:{{{name}}}:busy"
     total = f"test:{{{name}}}:total"
     go = f"test:{{{name}}}:go"
+    fences = f"test:{{{name}}}:fences"
     overlaps = 0
     holdings = 0
 
     async def worker() -> None:
         nonlocal overlaps, holdings
-        lock = AsyncLock(client, name, ttl=5.0, timeout=20.0)
+        lock = AsyncLock(client, name, ttl=5.0, timeout=20.0, fencing=fencing)
         for _ in range(rounds):
             async with lock:
                 if await client.incr(busy) != 1:
                     overlaps += 1
+                if fencing:
+                    await client.rpush(fences, str(lock.fence))
                 await asyncio.sleep(0.001)
                 await client.decr(busy)
                 await client.incr(total)
@@ -49,4 +54,5 @@ async def main(url: str, name: str, coroutines: int, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    fencing = sys.argv[5:] == ["fencing"]
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), fencing))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import sys
@@ -254,12 +255,20 @@ async def test_lock_works_after_script_flush(
 # --- 3. mutual exclusion -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fencing", [False, True])
 async def test_mutual_exclusion_across_processes(
-    server: RedisServer, admin: redis.Redis, name: str
+    server: RedisServer, admin: redis.Redis, name: str, fencing: bool
 ) -> None:
-    """3 processes x 30 coroutines (one lock object each) never overlap in the critical section."""
+    """3 processes x 30 coroutines (one lock object each) never overlap in the critical section.
+
+    With ``fencing=True`` the fences, taken in the order of the holdings
+    (each holder appends its own inside the critical section), strictly
+    increase across all processes.
+    """
     processes, coroutines, rounds = 3, 30, 3
-    busy, total, go = (f"test:{{{name}}}:{suffix}" for suffix in ("busy", "total", "go"))
+    busy, total, go, fences = (
+        f"test:{{{name}}}:{suffix}" for suffix in ("busy", "total", "go", "fences")
+    )
     procs: list[asyncio.subprocess.Process] = []
     try:
         for _ in range(processes):
@@ -271,6 +280,7 @@ async def test_mutual_exclusion_across_processes(
                     name,
                     str(coroutines),
                     str(rounds),
+                    *(["fencing"] if fencing else []),
                     stdout=asyncio.subprocess.PIPE,
                 )
             )
@@ -286,12 +296,17 @@ async def test_mutual_exclusion_across_processes(
         assert [r["holdings"] for r in reports] == [coroutines * rounds] * processes
         assert await int_value(admin, total) == processes * coroutines * rounds
         assert await int_value(admin, busy) == 0
+        if fencing:
+            seen = [int(fence) for fence in await admin.lrange(fences, 0, -1)]
+            assert len(seen) == processes * coroutines * rounds
+            steps = [b - a for a, b in itertools.pairwise(seen)]
+            assert all(step >= 1 for step in steps), f"fences did not strictly increase: {seen}"
     finally:
         for proc in procs:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        await admin.delete(busy, total, go)
+        await admin.delete(busy, total, go, fences, f"aiolock:{{{name}}}:fence")
 
 
 async def test_mutual_exclusion_in_process_over_two_clients(

@@ -193,9 +193,6 @@ def test_asynclock_defaults() -> None:
         assert parameters[flag].default is False
 
 
-@pytest.mark.xfail(
-    reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True
-)
 def test_asynclock_has_the_replicas_option() -> None:
     """DESIGN.md §1 fixes `replicas` (WAIT acknowledgement) among AsyncLock's keyword options."""
     parameters = inspect.signature(AsyncLock.__init__).parameters
