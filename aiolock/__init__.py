@@ -16,6 +16,7 @@ expiry) and :mod:`aiolock.backoff` for the waiting policies.
 from . import backoff
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._lock import AsyncLock, LockStatistics
+from ._redlock import Redlock
 from ._version import __version__
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "Redlock",
     "__version__",
     "backoff",
 ]

@@ -160,6 +160,16 @@ class _ClosedTransport:
 _TRANSPORT: Final = _ClosedTransport()
 
 
+def _ms(seconds: float) -> int:
+    """A lease in whole milliseconds for the wire, rounded up (never shorter than counted).
+
+    The holder counts ``seconds`` from when it sent the command; rounding down
+    (``int(1.005 * 1000)`` is 1004) would let the server expire the key before
+    the holder's own lease end. A float's last-bit error is not rounded up.
+    """
+    return math.ceil(seconds * 1000 - 1e-6)
+
+
 def _current_task() -> asyncio.Task[Any]:
     task = asyncio.current_task()
     if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
@@ -636,7 +646,7 @@ class AsyncLock:
         deadline), the ``SET`` may have reached the server, so it is undone
         with the same token before this returns or raises.
         """
-        ms = int(self._ttl * 1000)
+        ms = _ms(self._ttl)
         if self._replicas:
             return await self._replicated_attempt(token, ms, deadline, waiter, mark_ms)
         plain = waiter is None and not self._fencing
@@ -766,7 +776,7 @@ class AsyncLock:
 
     async def _extend_script(self, token: str, ttl: float) -> bool:
         with _TRANSPORT:
-            return bool(await self._scripts.extend((self._key,), (token, int(ttl * 1000))))
+            return bool(await self._scripts.extend((self._key,), (token, _ms(ttl))))
 
     # -- holding -----------------------------------------------------------------------
 
@@ -888,18 +898,27 @@ class AsyncLock:
             holding.owner_done = None
 
     async def _settle(self, holding: Holding) -> None:
-        """Wait for the holding's watchdog and callbacks to finish."""
+        """Wait for the holding's watchdog and callbacks to finish, even if cancelled meanwhile."""
         me = asyncio.current_task()
         pending = [
             t for t in (holding.renewal, *holding.callbacks) if t is not None and t is not me
         ]
         holding.renewal = None
         holding.callbacks = []
+        cancelled: asyncio.CancelledError | None = None
         if pending and not all(t.done() for t in pending):
-            await asyncio.wait(pending)
+            # Shielded: a cancelled release must not return while they still run.
+            settled = asyncio.ensure_future(asyncio.wait(pending))
+            while not settled.done():
+                try:
+                    await asyncio.shield(settled)
+                except asyncio.CancelledError as exc:
+                    cancelled = cancelled or exc
         for finished in pending:
             if not finished.cancelled():
                 finished.exception()
+        if cancelled is not None:
+            raise cancelled
 
     def _holding_to_release(self) -> Holding | None:
         task = asyncio.current_task()
@@ -989,7 +1008,7 @@ class AsyncLock:
         args = (
             holding.token,
             token,
-            int(heir._ttl * 1000),
+            _ms(heir._ttl),
             self._channel,
             self._release_args[1],
             own,

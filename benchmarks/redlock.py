@@ -5,7 +5,7 @@ interleaved round by round so that drift in the machine's speed hits all of
 them alike:
 
 * ``floor``: a bare ``SET NX PX`` then ``DEL`` on one server (the round-trip floor);
-* ``redis-py Lock``: ``redis.asyncio.lock.Lock`` on one server (the common baseline);
+* ``redis-py Lock``: ``redis.asyncio.lock.Lock`` on one server, its default 0.1 s polling;
 * ``AsyncLock``: one server;
 * ``AsyncLock replicas=1``: a master whose one replica must acknowledge (``WAIT``);
 * ``Redlock 3`` and ``Redlock 5``: ``aiolock.Redlock`` over 3 and 5 independent servers.
@@ -15,9 +15,9 @@ Two measurements per subject:
 * **latency**: one task acquires and releases, uncontended, over and over;
   the time ``acquire()`` takes (p50, p99) and the whole cycle, as a ratio to
   the floor's ``SET``;
-* **throughput**: 40 tasks over 8 names (5 per name, one client object per
-  task, like separate processes) for a fixed time: acquisitions per second,
-  and overlaps (two holders of one name at once; must be 0).
+* **throughput**: 40 tasks over 8 names, on 8 client objects (or client
+  sets, for Redlock) like 8 processes, for a fixed time: acquisitions per
+  second, and overlaps (two holders of one name at once; must be 0).
 
 The servers share the machine's 2 cores with the client, so a Redlock on 5
 nodes also pays for 5 server processes: the figures are what one machine
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import secrets
 import sys
@@ -68,6 +69,7 @@ SUBJECTS: Final = (
 TTL: Final = 10.0
 TASKS: Final = 40
 NAMES: Final = 8
+PROCESSES: Final = 8
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Result:
     seconds: float = 0.0
     failures: int = 0
     overlaps: int = 0
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def per_second(self) -> float:
@@ -119,9 +122,9 @@ class Subject:
         self.clients.extend(made)
         return made
 
-    def cycle(self, lock_name: str) -> Cycle:
-        """A function that takes and gives back ``lock_name`` once, on fresh clients."""
-        clients = self._clients()
+    def cycle(self, lock_name: str, clients: list[redis.Redis] | None = None) -> Cycle:
+        """A function that takes and gives back ``lock_name`` once (on fresh clients if None)."""
+        clients = self._clients() if clients is None else clients
         first = clients[0]
         if self.name == "floor":
             key = f"floor:{{{lock_name}}}"
@@ -137,7 +140,7 @@ class Subject:
 
             return floor
         if self.name == "redis-py Lock":
-            lock: Any = RedisPyLock(first, f"redispy:{{{lock_name}}}", timeout=TTL, sleep=0.001)
+            lock: Any = RedisPyLock(first, f"redispy:{{{lock_name}}}", timeout=TTL)  # sleep 0.1
         elif self.name == "AsyncLock":
             lock = AsyncLock(first, lock_name, ttl=TTL)
         elif self.name == "AsyncLock replicas=1":
@@ -174,20 +177,24 @@ async def throughput(subject: Subject, result: Result, seconds: float) -> None:
     """``TASKS`` tasks over ``NAMES`` names for ``seconds``: acquisitions and overlaps."""
     names = [f"busy:{secrets.token_hex(4)}:{i}" for i in range(NAMES)]
     held: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    processes = [subject._clients() for _ in range(PROCESSES)]
+    cycles = [subject.cycle(names[i % NAMES], processes[i % PROCESSES]) for i in range(TASKS)]
+    # Connected before the clock starts: connection set-up is not what is measured.
+    await asyncio.gather(*(c.ping() for mine in processes for c in mine))
     stop = time.monotonic() + seconds
 
-    async def work(name: str) -> None:
-        cycle = subject.cycle(name)
+    async def work(name: str, cycle: Cycle) -> None:
         while time.monotonic() < stop:
             try:
                 started = time.monotonic()
                 await cycle()
                 held[name].append((started, time.monotonic()))
-            except Exception:  # counted, and the run goes on
+            except Exception as exc:  # counted, and the run goes on
                 result.failures += 1
+                result.errors[f"{type(exc).__module__}.{type(exc).__qualname__}"] += 1
 
     began = time.perf_counter()
-    await asyncio.gather(*(work(names[i % NAMES]) for i in range(TASKS)))
+    await asyncio.gather(*(work(names[i % NAMES], cycles[i]) for i in range(TASKS)))
     result.seconds += time.perf_counter() - began
     result.acquired += sum(len(spans) for spans in held.values())
 
@@ -199,6 +206,7 @@ async def _overlaps(subject: Subject, seconds: float) -> int:
     overlaps = 0
     stop = time.monotonic() + seconds
     clients = [subject._clients() for _ in range(8)]
+    await asyncio.gather(*(c.ping() for mine in clients for c in mine))
 
     async def work(mine: list[redis.Redis]) -> None:
         nonlocal inside, overlaps
@@ -273,7 +281,7 @@ def _chart(path: Path, results: Sequence[Result]) -> None:
     left.set_title("latency")
     left.legend(fontsize=8)
     right.bar(names, [r.per_second for r in results])
-    right.set_ylabel(f"acquisitions/s ({TASKS} tasks, {NAMES} names)")
+    right.set_ylabel(f"acquisitions/s ({TASKS} tasks, {NAMES} names, {PROCESSES} clients)")
     right.set_title("throughput")
     for ax in (left, right):
         ax.tick_params(axis="x", rotation=30, labelsize=8)
@@ -354,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cycles_per_round": outcome["cycles"],
             "throughput_seconds_per_round": outcome["seconds"],
             "tasks": TASKS,
+            "processes": PROCESSES,
             "names": NAMES,
             "subjects": {
                 r.subject: {
@@ -361,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cycle_ms": {k: v * 1000 for k, v in percentiles(r.cycle_s).items()},
                     "acq_per_s": r.per_second,
                     "failures": r.failures,
+                    "errors": dict(r.errors),
                     "overlaps": r.overlaps,
                 }
                 for r in ordered

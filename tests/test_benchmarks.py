@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", ["contention", "handoff", "seckill"])
+@pytest.mark.parametrize("name", ["contention", "handoff", "seckill", "redlock"])
 def test_benchmark_runs_quick_and_checks_itself(name: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick --only NAME` exits 0 and writes NAME.json and NAME.png."""
     done = subprocess.run(

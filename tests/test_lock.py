@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import re
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -32,6 +34,7 @@ from aiolock import (
     LockNotOwnedError,
     backoff,
 )
+from aiolock._scripts import scripts_for
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -793,3 +796,52 @@ async def test_a_grant_that_arrives_after_its_lease_is_not_a_lock(
         await c.aclose()
         await adm.aclose()
         await proxy.aclose()
+
+
+class RecordingConnection(redis.Connection):
+    """Records every command this process sends through it (what is on the wire)."""
+
+    sent: ClassVar[list[tuple[Any, ...]]] = []
+
+    def pack_command(self, *args: Any) -> Any:
+        RecordingConnection.sent.append(args)
+        return super().pack_command(*args)
+
+
+@pytest.mark.parametrize("ttl", [1.005, 2.01, 0.3])
+async def test_leases_on_the_wire_are_never_shorter_than_the_holder_counts(
+    server: RedisServer, admin: redis.Redis, name: str, ttl: float
+) -> None:
+    """Every PX (acquire, acquire script, extend) is ``ttl`` in ms rounded up, never down.
+
+    Regression test for a defect found in review: ``int(1.005 * 1000)`` is
+    1004, so the server could expire the key up to 1 ms before the holder's
+    own lease end.
+    """
+    pool = redis.ConnectionPool(
+        connection_class=RecordingConnection, host=server.host, port=server.port
+    )
+    c = redis.Redis.from_pool(pool)
+    expected = str(math.ceil(round(ttl * 1000, 6)))
+    try:
+        RecordingConnection.sent.clear()
+        plain = AsyncLock(c, name, ttl=ttl)
+        assert await plain.acquire()
+        await plain.extend()
+        await plain.release()
+        fenced = AsyncLock(c, name, ttl=ttl, fencing=True)
+        assert await fenced.acquire()
+        await fenced.release()
+        sets = [args for args in RecordingConnection.sent if args[0] == "SET"]
+        scripts = [args for args in RecordingConnection.sent if args[0] == "EVALSHA"]
+        assert [str(args[5]) for args in sets] == [expected]  # SET key token NX PX ms
+        # EVALSHA sha numkeys keys... token ms: the extend and the fenced acquire.
+        registered = scripts_for(c)
+        shas = {registered.extend.sha, registered.acquire.sha}
+        with_lease = [args for args in scripts if args[1] in shas]
+        assert len(with_lease) >= 2  # more if NOSCRIPT made one be sent again
+        leases = {str(args[3 + int(args[2]) + 1]) for args in with_lease}
+        assert leases == {expected}, leases
+    finally:
+        await c.aclose()
+        await admin.delete(f"aiolock:{{{name}}}:fence")

@@ -36,6 +36,7 @@ AIOLOCK_ALL = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "Redlock",
     "__version__",
     "backoff",
 ]
@@ -200,9 +201,6 @@ def test_asynclock_has_the_replicas_option() -> None:
     assert parameters["replicas"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
-@pytest.mark.xfail(
-    reason="issue 5 (beyond one server) adds it; strict: remove this mark then", strict=True
-)
 def test_redlock_is_exported() -> None:
     """DESIGN.md §1 names aiolock.Redlock([a, b, c], name, ttl=...) with AsyncLock's methods."""
     redlock = getattr(aiolock, "Redlock", None)

@@ -610,6 +610,36 @@ async def test_release_cancels_and_awaits_watchdog(
     assert await admin.exists(lock.key) == 0
 
 
+async def test_a_cancelled_release_still_waits_for_the_on_lost_callback(
+    client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """A ``release()`` cancelled while it waits for the holding's tasks returns only after them.
+
+    Regression test for a defect found in review: the wait for the watchdog
+    and the ``on_lost`` coroutine was not shielded, so a release cancelled
+    there returned while they still ran (a task outliving its lock).
+    """
+    finished = asyncio.Event()
+
+    async def on_lost(_: AsyncLock) -> None:
+        await asyncio.sleep(0.2)
+        finished.set()
+
+    lock = AsyncLock(client, name, ttl=0.2, on_lost=on_lost)
+    assert await lock.acquire()
+    await admin.delete(lock.key)  # the next renewal finds the key gone: lost
+    deadline = time.monotonic() + 2.0
+    while not lock.lost:
+        assert time.monotonic() < deadline, "the loss was not declared"
+        await asyncio.sleep(0.01)
+    releasing = asyncio.create_task(lock.release())
+    await asyncio.sleep(0.05)  # now waiting for on_lost
+    releasing.cancel()
+    with pytest.raises((asyncio.CancelledError, LockLostError)):
+        await releasing
+    assert finished.is_set(), "release() returned while on_lost was still running"
+
+
 async def test_release_during_inflight_renewal_leaves_nothing(
     server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
 ) -> None:

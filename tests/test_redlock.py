@@ -1,0 +1,916 @@
+"""Redlock over five independent real servers (DESIGN.md §1, §5, §5b, §7).
+
+Nodes are killed, paused (SIGSTOP) and flushed on purpose; every test ends
+with a leak check: no task left, no connection checked out, no key of the
+test's name on a node that stayed reachable. A node that was paused is
+flushed instead: a ``SET`` that was cut off while it was frozen still sits in
+its socket and runs when it resumes (its key then expires with its lease),
+which is the documented limit of any cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import re
+import sys
+import time
+import uuid
+from asyncio import timeout as asyncio_timeout
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+import redis.asyncio as aioredis
+from conftest import in_use_connections, other_tasks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from aiolock import (
+    AcquireTimeout,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    Redlock,
+    backoff,
+)
+from aiolock.testing import RedisServer
+
+#: Five nodes: a quorum of three, two failures tolerated.
+N = 5
+#: Scheduling slack for timing bounds (2 loaded cores, two loop flavours).
+SLACK = 0.25
+#: A quick retry policy for contention tests.
+QUICK = backoff.exponential(base=0.001, factor=2.0, cap=0.02)
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[list[RedisServer]]:
+    """Five private servers for the module: the independent masters."""
+    started: list[RedisServer] = []
+    try:
+        started.extend(RedisServer().start() for _ in range(N))
+        yield started
+    finally:
+        for srv in started:
+            srv.stop()
+
+
+def _str(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Nodes:
+    """The five servers of one test: clients, admin clients, faults, and the leak check."""
+
+    def __init__(self, servers: list[RedisServer], name: str) -> None:
+        self.servers = servers
+        self.name = name
+        self.admins: list[aioredis.Redis] = [
+            aioredis.Redis.from_url(s.url, decode_responses=True, socket_timeout=2.0)
+            for s in servers
+        ]
+        self.client_sets: list[list[aioredis.Redis]] = []
+        #: Nodes that were paused: they may run a cut-off SET when resumed.
+        self.tainted: set[int] = set()
+
+    def clients(self) -> list[aioredis.Redis]:
+        """A new set of five clients: one "process" of its own."""
+        clients = [aioredis.Redis.from_url(s.url) for s in self.servers]
+        self.client_sets.append(clients)
+        return clients
+
+    def key(self, prefix: str = "aiolock:") -> str:
+        return f"{prefix}{{{self.name}}}"
+
+    def kill(self, *indexes: int) -> None:
+        for i in indexes:
+            self.servers[i].kill()
+
+    def pause(self, *indexes: int) -> None:
+        for i in indexes:
+            self.tainted.add(i)
+            self.servers[i].pause()
+
+    def resume(self, *indexes: int) -> None:
+        for i in indexes:
+            self.servers[i].resume()
+
+    def reachable(self) -> list[int]:
+        return [i for i, s in enumerate(self.servers) if s.running and not s.paused]
+
+    async def values(self, key: str | None = None) -> dict[int, str | None]:
+        """The key's value on every reachable node."""
+        k = key or self.key()
+        return {i: _str(await self.admins[i].get(k)) for i in self.reachable()}
+
+    async def holders(self, key: str | None = None) -> dict[int, str]:
+        """The nodes (reachable) that have the key, with its value."""
+        return {i: v for i, v in (await self.values(key)).items() if v is not None}
+
+    async def leftovers(self) -> dict[int, list[str]]:
+        """Keys of the test's name on reachable, untainted nodes."""
+        found: dict[int, list[str]] = {}
+        for i in self.reachable():
+            if i in self.tainted:
+                continue
+            keys = await self.admins[i].keys(f"*{{{self.name}}}*")
+            if keys:
+                found[i] = [_str(k) or "" for k in keys]
+        return found
+
+    async def flush(self, *indexes: int) -> None:
+        for i in indexes:
+            await self.admins[i].flushall()
+
+
+@pytest.fixture
+async def nodes(servers: list[RedisServer], name: str) -> AsyncIterator[Nodes]:
+    """The five nodes, all up; after the test: no leaked task, connection or key."""
+    for srv in servers:
+        if srv.paused:
+            srv.resume()
+        if not srv.running:
+            srv.restart()
+    n = Nodes(servers, name)
+    try:
+        yield n
+        assert await other_tasks() == set(), "a task outlived the test"
+        for clients in n.client_sets:
+            for c in clients:
+                assert in_use_connections(c) == 0, "a connection was left checked out"
+        assert await n.leftovers() == {}, "a key was left on a reachable node"
+    finally:
+        for srv in servers:
+            if srv.paused:
+                srv.resume()
+            if not srv.running:
+                srv.restart()
+        for i in n.tainted:
+            with_admin = aioredis.Redis.from_url(servers[i].url, socket_timeout=2.0)
+            await with_admin.flushall()
+            await with_admin.aclose()
+        for clients in n.client_sets:
+            for c in clients:
+                await c.aclose()
+        for a in n.admins:
+            await a.aclose()
+
+
+async def _expired(nodes: Nodes, timeout: float = 2.0) -> None:
+    """Wait until no reachable node has the key (a lease running out)."""
+    async with asyncio_timeout(timeout):
+        while await nodes.holders():
+            await asyncio.sleep(0.005)
+
+
+class Losses:
+    """An ``on_lost`` callback that records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[Redlock] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, lock: Redlock) -> None:
+        self.calls.append(lock)
+        self.event.set()
+
+    async def wait(self, timeout: float = 3.0) -> None:
+        async with asyncio_timeout(timeout):
+            await self.event.wait()
+
+
+# --- 1. the happy path ---------------------------------------------------------------------------
+
+
+async def test_acquires_on_all_nodes_and_releases_from_all(nodes: Nodes) -> None:
+    """All five up: one fresh token on every node while held; none anywhere after release."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=5.0)
+    assert lock.quorum == 3
+    assert lock.node_timeout == pytest.approx(0.1)
+    assert await lock.acquire()
+    held = await nodes.holders()
+    assert len(held) >= lock.quorum
+    tokens = set(held.values())
+    assert len(tokens) == 1
+    token = tokens.pop()
+    assert re.fullmatch(r"[0-9a-f]{32}", token), token
+    for i in held:
+        assert 0 < await nodes.admins[i].pttl(lock.key) <= 5000
+    assert await lock.owned()
+    assert await lock.locked()
+    assert not lock.lost
+    await lock.release()
+    assert await nodes.holders() == {}
+    assert not await lock.locked()
+    assert not await lock.owned()
+
+    # The next acquisition gets a new token.
+    async with lock:
+        again = set((await nodes.holders()).values())
+    assert again
+    assert again != {token}
+
+
+async def test_async_with_returns_the_lock_and_releases(nodes: Nodes) -> None:
+    """`async with` enters holding the lock (on a majority) and leaves it released."""
+    lock = Redlock(nodes.clients(), nodes.name)
+    async with lock as entered:
+        assert entered is lock
+        assert len(await nodes.holders()) == N
+    assert await nodes.holders() == {}
+
+
+# --- 2. a minority down --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+async def test_acquires_with_two_of_five_nodes_down(nodes: Nodes, fault: str) -> None:
+    """Two nodes killed or paused: acquired on the other three; a paused node costs node_timeout."""
+    limit = 0.1
+    lock = Redlock(nodes.clients(), nodes.name, ttl=5.0, node_timeout=limit)
+    async with lock:  # warm the connections
+        pass
+    getattr(nodes, fault)(3, 4)
+    started = time.monotonic()
+    assert await lock.acquire(timeout=2.0)
+    took = time.monotonic() - started
+    assert took < limit + SLACK, f"acquire took {took:.3f} s"
+    if fault == "pause":
+        assert took >= limit, "a paused node must be waited for (up to node_timeout), not skipped"
+    held = await nodes.holders()
+    assert sorted(held) == [0, 1, 2]
+    assert len(set(held.values())) == 1
+    assert await lock.owned()
+    assert await lock.locked()
+    started = time.monotonic()
+    await lock.release()
+    assert time.monotonic() - started < limit + SLACK
+    assert await nodes.holders() == {}
+
+
+async def test_renews_and_releases_with_two_nodes_down(nodes: Nodes) -> None:
+    """Renewal with two nodes killed: a majority keeps renewing; the lock is never lost."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, node_timeout=0.1)
+    nodes.kill(3, 4)
+    async with lock:
+        await asyncio.sleep(0.8)  # well past the lease: renewed by the three
+        assert not lock.lost
+        assert await lock.owned()
+        for i in (0, 1, 2):
+            assert 0 < await nodes.admins[i].pttl(lock.key) <= 300
+    assert await nodes.holders() == {}
+
+
+# --- 3. a majority down -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+async def test_refuses_within_its_timeout_with_three_of_five_down(nodes: Nodes, fault: str) -> None:
+    """Three nodes killed or paused: acquire(timeout=0.5) is False in time; nothing is left."""
+    limit = 0.1
+    lock = Redlock(nodes.clients(), nodes.name, ttl=5.0, node_timeout=limit)
+    getattr(nodes, fault)(2, 3, 4)
+    started = time.monotonic()
+    assert await lock.acquire(timeout=0.5) is False
+    took = time.monotonic() - started
+    # An attempt in flight at the deadline is finished and cleaned up: 2 node limits.
+    assert 0.5 <= took < 0.5 + 2 * limit + SLACK, f"acquire(timeout=0.5) took {took:.3f} s"
+    assert await nodes.holders() == {}
+
+    timed = Redlock(nodes.clients(), nodes.name, ttl=5.0, node_timeout=limit, timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(AcquireTimeout):
+        async with timed:
+            pytest.fail("entered a lock held on a minority only")
+    took = time.monotonic() - started
+    assert 0.2 <= took < 0.2 + 2 * limit + SLACK, f"async with (timeout=0.2) took {took:.3f} s"
+
+    started = time.monotonic()
+    assert await lock.acquire(blocking=False) is False
+    assert time.monotonic() - started < 2 * limit + SLACK
+    assert await nodes.holders() == {}
+
+
+async def test_every_node_down_raises_redis_error(nodes: Nodes) -> None:
+    """All nodes killed: acquire raises redis-py's ConnectionError (after cleanup), at once."""
+    lock = Redlock(nodes.clients(), nodes.name, node_timeout=0.2)
+    nodes.kill(0, 1, 2, 3, 4)
+    started = time.monotonic()
+    with pytest.raises(RedisError):
+        await lock.acquire(timeout=5.0)
+    assert time.monotonic() - started < 0.4 + SLACK  # one attempt and its cleanup
+    with pytest.raises(RedisError):
+        async with lock:
+            pytest.fail("entered with every node down")
+
+
+async def test_every_node_paused_raises_redis_timeout(nodes: Nodes) -> None:
+    """All nodes paused and no timeout: late attempts are retried for one lease, then TimeoutError.
+
+    Every node missing ``node_timeout`` is often only a busy event loop, so an
+    attempt like that is retried; with no timeout to end the wait, the
+    waiter gives up after one ``ttl`` of such attempts, raising redis-py's
+    ``TimeoutError``. No hang.
+    """
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.5, node_timeout=0.1)
+    async with lock:  # warm the connections
+        pass
+    nodes.pause(0, 1, 2, 3, 4)
+    started = time.monotonic()
+    with pytest.raises(RedisTimeoutError, match="node_timeout"):
+        await lock.acquire()
+    took = time.monotonic() - started
+    # One lease of attempts (each: the node limit, then the cleanup's), then the last one.
+    assert 0.5 <= took < 0.5 + 0.2 + 0.5 + SLACK, f"took {took:.3f} s"
+
+
+async def test_every_node_paused_with_a_timeout_returns_false(nodes: Nodes) -> None:
+    """All nodes paused, ``acquire(timeout=0.4)``: False by the timeout, no error."""
+    lock = Redlock(nodes.clients(), nodes.name, node_timeout=0.1)
+    async with lock:  # warm the connections
+        pass
+    nodes.pause(0, 1, 2, 3, 4)
+    started = time.monotonic()
+    assert not await lock.acquire(timeout=0.4)
+    took = time.monotonic() - started
+    assert 0.4 <= took < 0.4 + 0.2 + SLACK, f"took {took:.3f} s"
+
+
+# --- 4. a failed attempt leaves nothing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("third", ["held", "killed"])
+async def test_failed_attempt_leaves_no_key_on_any_reachable_node(nodes: Nodes, third: str) -> None:
+    """Two nodes hold another token and a third is held or down: our SETs on the rest are undone."""
+    foreign = "someone-else"
+    for i in (0, 1):
+        await nodes.admins[i].set(nodes.key(), foreign, px=30_000)
+    if third == "held":
+        await nodes.admins[2].set(nodes.key(), foreign, px=30_000)
+    else:
+        nodes.kill(2)
+    lock = Redlock(nodes.clients(), nodes.name, ttl=30.0, node_timeout=0.2)
+    # One attempt: its SET surely succeeded on nodes 3 and 4 (free and up).
+    assert await lock.acquire(blocking=False) is False
+    expected = {0: foreign, 1: foreign} | ({2: foreign} if third == "held" else {})
+    assert await nodes.holders() == expected
+    # Many attempts, with jittered pauses between them.
+    lock2 = Redlock(nodes.clients(), nodes.name, ttl=30.0, backoff=QUICK, node_timeout=0.2)
+    assert await lock2.acquire(timeout=0.3) is False
+    assert await nodes.holders() == expected
+    for i in expected:
+        assert await nodes.admins[i].delete(nodes.key()) == 1
+
+
+# --- 5. validity -------------------------------------------------------------------------------
+
+
+async def test_attempt_whose_elapsed_eats_the_validity_is_refused(
+    nodes: Nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One node paused, node_timeout ~ ttl: four nodes grant it, but no validity is left."""
+    caplog.set_level(logging.DEBUG, logger="aiolock")
+    nodes.pause(4)
+    # ttl 0.1 s leaves 0.097 s after the drift allowance; every attempt waits 0.099 s
+    # for the paused node.
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.1, node_timeout=0.099)
+    assert await lock.acquire(timeout=0.3) is False
+    assert await nodes.holders() == {}, "the refused attempts were not cleaned up"
+    assert any("a majority granted it but" in r.getMessage() for r in caplog.records), (
+        "no attempt was refused for lack of validity"
+    )
+    # The same nodes with a lease that leaves validity: acquired.
+    roomy = Redlock(nodes.clients(), nodes.name, ttl=1.0, node_timeout=0.099)
+    assert await roomy.acquire(timeout=1.0)
+    assert sorted(await nodes.holders()) == [0, 1, 2, 3]
+    await roomy.release()
+    assert await nodes.holders() == {}
+
+
+async def test_lease_is_counted_from_before_sending_minus_drift(nodes: Nodes) -> None:
+    """The holder's lease ends ttl - drift after the attempt was sent: `lost` flips right then."""
+    ttl = 0.3
+    counted = ttl - (ttl * 0.01 + 0.002)
+    lock = Redlock(nodes.clients(), nodes.name, ttl=ttl, auto_renew=False, node_timeout=0.1)
+    started = time.monotonic()
+    assert await lock.acquire()
+    acquired = time.monotonic()
+    # Whatever the scheduling: not lost before `started + counted`, lost after `acquired + counted`.
+    while True:
+        before = time.monotonic()
+        lost = lock.lost
+        after = time.monotonic()
+        if after < started + counted:
+            assert not lost, f"lost {started + counted - after:.4f} s before the counted lease end"
+        if before >= acquired + counted:
+            assert lost, "the holder counted a longer lease than ttl - drift"
+            break
+        await asyncio.sleep(0.002)
+    with pytest.raises(LockLostError):
+        await lock.release()
+    await _expired(nodes)
+
+
+# --- 6. mutual exclusion -------------------------------------------------------------------------
+
+
+async def test_mutual_exclusion_across_client_sets_and_tasks(nodes: Nodes) -> None:
+    """Three "processes" (client sets) x four tasks contend: never two holders at once."""
+    locks = [
+        Redlock(nodes.clients(), nodes.name, ttl=2.0, backoff=QUICK, node_timeout=0.2)
+        for _ in range(3)
+    ]
+    inside = 0
+    most = 0
+    entries = 0
+
+    async def worker(lock: Redlock, rounds: int) -> None:
+        nonlocal inside, most, entries
+        for _ in range(rounds):
+            async with lock:
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(random.uniform(0, 0.002))
+                assert inside == 1
+                inside -= 1
+                entries += 1
+
+    async with asyncio_timeout(20.0), anyio.create_task_group() as tg:
+        for lock in locks:
+            for _ in range(4):
+                tg.start_soon(worker, lock, 5)
+    assert most == 1
+    assert entries == 3 * 4 * 5
+    assert await nodes.holders() == {}
+
+
+async def test_same_object_other_task_waits_in_order(nodes: Nodes) -> None:
+    """DESIGN §6: tasks sharing one Redlock take turns first come, first served."""
+    lock = Redlock(nodes.clients(), nodes.name, backoff=QUICK)
+    order: list[int] = []
+    assert await lock.acquire()
+
+    async def waiter(n: int) -> None:
+        async with lock:
+            order.append(n)
+
+    tasks = []
+    for n in range(3):
+        tasks.append(asyncio.create_task(waiter(n)))
+        await asyncio.sleep(0.01)
+    assert order == []
+    await lock.release()
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2]
+
+
+async def test_reacquire_needs_reentrant_and_release_from_another_task(nodes: Nodes) -> None:
+    """Re-acquiring raises LockError unless reentrant; release() from another task ends it."""
+    plain = Redlock(nodes.clients(), nodes.name)
+    assert await plain.acquire()
+    with pytest.raises(LockError, match="already held"):
+        await plain.acquire()
+    await asyncio.create_task(plain.release())  # a hand-off to another task
+    assert await nodes.holders() == {}
+    with pytest.raises(LockNotOwnedError):
+        await plain.release()
+
+    nested = Redlock(nodes.clients(), nodes.name, reentrant=True)
+    async with nested, nested:
+        assert len(await nodes.holders()) == N
+    assert await nodes.holders() == {}
+
+
+async def test_owner_task_ending_without_release_lets_the_lease_run_out(nodes: Nodes) -> None:
+    """An owner that ends holding: renewal stops, loss at lease end, the next task gets in."""
+    losses = Losses()
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, on_lost=losses, node_timeout=0.1)
+
+    async def forgetful() -> None:
+        assert await lock.acquire()
+
+    await asyncio.create_task(forgetful())
+    started = time.monotonic()
+    assert await lock.acquire(timeout=3.0)
+    assert time.monotonic() - started < 0.3 + SLACK
+    assert len(losses.calls) == 1
+    await lock.release()
+    await _expired(nodes)
+
+
+# --- 7. renewal and loss -----------------------------------------------------------------------
+
+
+async def test_renewal_keeps_the_lock_past_three_leases(nodes: Nodes) -> None:
+    """ttl 0.3 s, held 1 s: renewed on every node, never lost, released cleanly."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, node_timeout=0.1)
+    async with lock:
+        await asyncio.sleep(1.0)
+        assert not lock.lost
+        assert await lock.owned()
+        assert len(await nodes.holders()) == N
+    assert await nodes.holders() == {}
+
+
+async def test_minority_losing_the_key_is_not_a_loss(nodes: Nodes) -> None:
+    """Two nodes flushed while held: the other three keep renewing; no loss."""
+    losses = Losses()
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, on_lost=losses, node_timeout=0.1)
+    async with lock:
+        await nodes.flush(3, 4)
+        await asyncio.sleep(0.5)
+        assert not lock.lost
+        assert sorted(await nodes.holders()) == [0, 1, 2]
+    assert losses.calls == []
+
+
+@pytest.mark.parametrize("fault", ["flushall", "restart"])
+async def test_majority_losing_the_key_is_a_loss(nodes: Nodes, fault: str) -> None:
+    """Three nodes flushed or restarted: loss declared, on_lost runs, LockLostError on exit."""
+    losses = Losses()
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, on_lost=losses, node_timeout=0.1)
+
+    async def body() -> None:
+        async with lock:
+            if fault == "flushall":
+                await nodes.flush(0, 1, 2)
+            else:
+                for i in (0, 1, 2):
+                    nodes.servers[i].restart()
+            await losses.wait()
+            assert lock.lost
+
+    with pytest.raises(LockLostError):
+        await body()
+    assert losses.calls == [lock]
+    assert lock.lost
+    assert not await lock.owned()
+    for i in (3, 4):  # the minority keeps our key until its lease ends
+        await nodes.admins[i].delete(lock.key)
+
+
+async def test_async_on_lost_runs_to_the_end(nodes: Nodes) -> None:
+    """A coroutine on_lost is run (and awaited before async with exits)."""
+    ran = asyncio.Event()
+
+    async def on_lost(lock: Redlock) -> None:
+        await asyncio.sleep(0)
+        ran.set()
+
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, on_lost=on_lost, node_timeout=0.1)
+
+    async def body() -> None:
+        async with lock:
+            await nodes.flush(0, 1, 2)
+            while not lock.lost:
+                await asyncio.sleep(0.01)
+
+    with pytest.raises(LockLostError):
+        await body()
+    assert ran.is_set()
+    await nodes.flush(3, 4)
+
+
+async def test_cancel_on_lost_cancels_the_body_at_once(nodes: Nodes) -> None:
+    """cancel_on_lost: the body is cancelled when a majority loses the key; LockLostError."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=0.3, cancel_on_lost=True, node_timeout=0.1)
+    reached_end = False
+    started = time.monotonic()
+
+    async def body() -> None:
+        nonlocal reached_end
+        async with lock:
+            await nodes.flush(0, 1, 2)
+            await asyncio.sleep(5)
+            reached_end = True
+
+    with pytest.raises(LockLostError):
+        await body()
+    assert not reached_end
+    assert time.monotonic() - started < 0.3 + SLACK
+    await nodes.flush(3, 4)
+
+
+async def test_release_after_majority_loss_raises_lock_lost(nodes: Nodes) -> None:
+    """No renewal: three nodes flushed; release finds the majority gone: LockLostError, on_lost."""
+    losses = Losses()
+    lock = Redlock(nodes.clients(), nodes.name, ttl=10.0, auto_renew=False, on_lost=losses)
+    assert await lock.acquire()
+    await nodes.flush(0, 1, 2)
+    with pytest.raises(LockLostError, match="majority"):
+        await lock.release()
+    assert losses.calls == [lock]
+    assert await nodes.holders() == {}, "our key on the minority was deleted too"
+
+
+async def test_release_without_a_verdict_raises_the_node_error(nodes: Nodes) -> None:
+    """Two deleted, two nodes down, one not ours: no majority either way: redis-py's error."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=10.0, auto_renew=False, node_timeout=0.2)
+    assert await lock.acquire()
+    await nodes.flush(2)
+    nodes.kill(3, 4)
+    with pytest.raises(RedisError):
+        await lock.release()
+    assert await nodes.holders() == {}
+    with pytest.raises(LockNotOwnedError):  # the holding ended anyway
+        await lock.release()
+
+
+async def test_extend_sets_the_new_lease_on_every_node(nodes: Nodes) -> None:
+    """extend(ttl=5) resets the lease on every node; a majority flushed makes it raise."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=1.0, auto_renew=False)
+    assert await lock.acquire()
+    await lock.extend(5.0)
+    for i in range(N):
+        assert 4000 < await nodes.admins[i].pttl(lock.key) <= 5000
+    await nodes.flush(0, 1, 2)
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert lock.lost
+    with pytest.raises(LockLostError):
+        await lock.release()
+    await nodes.flush(3, 4)
+
+
+# --- 8. cancellation -----------------------------------------------------------------------------
+
+
+async def test_cancel_while_set_is_in_flight_clears_every_node(nodes: Nodes) -> None:
+    """Cancelled while a paused node holds up the SET: cleared from all live nodes first."""
+    limit = 0.2
+    lock = Redlock(nodes.clients(), nodes.name, ttl=10.0, node_timeout=limit)
+    async with lock:  # warm the connections
+        pass
+    nodes.pause(4)
+    task = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(0.05)
+    assert len(await nodes.holders()) == 4, "the SETs on the live nodes should have landed"
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    took = time.monotonic() - started
+    assert took < 2 * limit + SLACK
+    assert await nodes.holders() == {}, "cancellation propagated before the cleanup"
+
+
+@pytest.mark.parametrize("how", ["Task.cancel", "asyncio.timeout", "anyio.move_on_after"])
+async def test_cancelled_release_still_completes(nodes: Nodes, how: str) -> None:
+    """A release cancelled while a paused node holds it up still deletes on every live node."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=10.0, node_timeout=0.2)
+    assert await lock.acquire()
+    nodes.pause(4)
+    if how == "Task.cancel":
+        task = asyncio.create_task(lock.release())
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    elif how == "asyncio.timeout":
+        with pytest.raises(TimeoutError):
+            async with asyncio_timeout(0.02):
+                await lock.release()
+    else:
+        with anyio.move_on_after(0.02):
+            await lock.release()
+    assert await nodes.holders() == {}
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+
+_LOOPS: list[Callable[[], asyncio.AbstractEventLoop]] = [asyncio.new_event_loop]
+if sys.platform != "win32":
+    import uvloop
+
+    _LOOPS.append(uvloop.new_event_loop)
+
+
+def _run(factory: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, Any, None]) -> None:
+    loop = factory()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        loop.close()
+
+
+@settings(max_examples=12, deadline=None, database=None)
+@given(
+    delay=st.floats(0.0, 0.12),
+    hold=st.floats(0.0, 0.01),
+    how=st.sampled_from(["Task.cancel", "asyncio.timeout", "anyio.move_on_after"]),
+    paused=st.booleans(),
+    contended=st.booleans(),
+)
+def test_cancellation_at_random_points_leaves_nothing(
+    servers: list[RedisServer],
+    delay: float,
+    hold: float,
+    how: str,
+    paused: bool,
+    contended: bool,
+) -> None:
+    """Hypothesis draws when `async with` is cancelled: no key, task or connection is left."""
+
+    async def main() -> None:
+        name = f"hypothesis:{uuid.uuid4().hex[:8]}"
+        mine = [aioredis.Redis.from_url(s.url) for s in servers]
+        theirs = [aioredis.Redis.from_url(s.url) for s in servers]
+        admins = [aioredis.Redis.from_url(s.url, decode_responses=True) for s in servers]
+        live = range(N - 1) if paused else range(N)
+        try:
+            lock = Redlock(mine, name, ttl=1.0, node_timeout=0.05, backoff=QUICK)
+            other = Redlock(theirs, name, ttl=1.0, node_timeout=0.1)
+            if paused:
+                servers[N - 1].pause()
+            releaser: asyncio.Task[None] | None = None
+            if contended:
+                assert await other.acquire()
+
+                async def release_soon() -> None:
+                    await asyncio.sleep(hold * 3)
+                    await other.release()
+
+                releaser = asyncio.create_task(release_soon())
+
+            async def use() -> None:
+                try:
+                    async with lock:
+                        await asyncio.sleep(hold)
+                except RedisError:  # a loaded machine: every node was late for an attempt
+                    pass
+
+            if how == "Task.cancel":
+                task = asyncio.create_task(use())
+                await asyncio.sleep(delay)
+                task.cancel()
+                await asyncio.wait([task])
+            elif how == "asyncio.timeout":
+                try:
+                    async with asyncio_timeout(delay):
+                        await use()
+                except TimeoutError:
+                    pass
+            else:
+                with anyio.move_on_after(delay):
+                    await use()
+            if releaser is not None:
+                await releaser
+            why = f"delay={delay} hold={hold} how={how} paused={paused} contended={contended}"
+            assert await other_tasks() == set(), why
+            for c in (*mine, *theirs):
+                assert in_use_connections(c) == 0, why
+            for i in live:
+                assert await admins[i].keys(f"*{{{name}}}*") == [], f"node {i}: {why}"
+        finally:
+            if servers[N - 1].paused:
+                servers[N - 1].resume()
+            await admins[N - 1].delete(f"aiolock:{{{name}}}")  # a SET that ran on resume
+            for c in (*mine, *theirs, *admins):
+                await c.aclose()
+
+    for factory in _LOOPS:
+        _run(factory, main())
+
+
+# --- 9. arguments and misuse ---------------------------------------------------------------------
+
+
+def _fresh(url: str = "redis://127.0.0.1:1") -> aioredis.Redis:
+    return aioredis.Redis.from_url(url)
+
+
+def _five() -> list[aioredis.Redis]:
+    return [_fresh(f"redis://127.0.0.1:{port}") for port in range(1, N + 1)]
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "names"),
+    [
+        (lambda: Redlock(_fresh(), "n"), TypeError, "clients"),  # type: ignore[arg-type]
+        (lambda: Redlock([], "n"), ValueError, "clients"),
+        (lambda: Redlock("abc", "n"), TypeError, "clients"),  # type: ignore[arg-type]
+        (lambda: Redlock([_fresh(), object()], "n"), TypeError, r"clients\[1\]"),  # type: ignore[list-item]
+        (lambda: Redlock([redis.Redis()], "n"), TypeError, r"clients\[0\].*synchronous"),  # type: ignore[list-item]
+        (lambda: Redlock([c := _fresh(), c], "n"), ValueError, r"clients\[1\].*clients\[0\]"),
+        (lambda: Redlock([_fresh(), _fresh()], "n"), ValueError, r"clients\[1\].*same server"),
+        (lambda: Redlock(_five(), ""), ValueError, "name"),
+        (lambda: Redlock(_five(), 5), TypeError, "name"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", ttl=0), ValueError, "ttl"),
+        (lambda: Redlock(_five(), "n", ttl=-1.0), ValueError, "ttl"),
+        (lambda: Redlock(_five(), "n", ttl=float("nan")), ValueError, "ttl"),
+        (lambda: Redlock(_five(), "n", ttl=float("inf")), ValueError, "ttl"),
+        (lambda: Redlock(_five(), "n", ttl=0.005), ValueError, "ttl"),
+        (lambda: Redlock(_five(), "n", ttl="1"), TypeError, "ttl"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", ttl=True), TypeError, "ttl"),
+        (lambda: Redlock(_five(), "n", node_timeout=0), ValueError, "node_timeout"),
+        (lambda: Redlock(_five(), "n", node_timeout=-0.1), ValueError, "node_timeout"),
+        (lambda: Redlock(_five(), "n", node_timeout=float("nan")), ValueError, "node_timeout"),
+        (lambda: Redlock(_five(), "n", ttl=1.0, node_timeout=1.0), ValueError, "node_timeout"),
+        (lambda: Redlock(_five(), "n", node_timeout="x"), TypeError, "node_timeout"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", timeout=-1), ValueError, "timeout"),
+        (lambda: Redlock(_five(), "n", timeout="x"), TypeError, "timeout"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", blocking=1), TypeError, "blocking"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", auto_renew="y"), TypeError, "auto_renew"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", reentrant=None), TypeError, "reentrant"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", cancel_on_lost=0), TypeError, "cancel_on_lost"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", backoff=lambda n: -1.0), ValueError, "backoff"),
+        (lambda: Redlock(_five(), "n", backoff=5), TypeError, "backoff"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", on_lost=5), TypeError, "on_lost"),  # type: ignore[arg-type]
+        (lambda: Redlock(_five(), "n", prefix=5), TypeError, "prefix"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_arguments_name_the_argument(
+    make: Callable[[], object], error: type[Exception], names: str
+) -> None:
+    """Bad arguments fail at construction with TypeError/ValueError naming the argument."""
+    with pytest.raises(error, match=names):
+        make()
+
+
+def test_defaults_and_facts() -> None:
+    """Quorum is a majority; node_timeout defaults to min(0.1, ttl/10); the key as AsyncLock's."""
+    assert Redlock([_fresh()], "n").quorum == 1
+    assert Redlock(_five()[:2], "n").quorum == 2
+    assert Redlock(_five()[:4], "n").quorum == 3
+    lock = Redlock(_five(), "orders:42", ttl=0.2, prefix="p:", timeout=1.5)
+    assert lock.quorum == 3
+    assert lock.node_timeout == pytest.approx(0.02)
+    assert Redlock(_five(), "n").node_timeout == pytest.approx(0.1)
+    assert lock.key == "p:{orders:42}"
+    assert lock.name == "orders:42"
+    assert lock.ttl == 0.2
+    assert lock.timeout == 1.5
+    assert not lock.lost
+    assert "orders:42" in repr(lock)
+
+
+async def test_misuse_when_not_held(nodes: Nodes) -> None:
+    """extend/release when not held: LockNotOwnedError; bad acquire/extend arguments raise."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=1.0, node_timeout=0.1)
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    with pytest.raises(ValueError, match="timeout"):
+        await lock.acquire(timeout=-1)
+    with pytest.raises(ValueError, match="blocking=False"):
+        await lock.acquire(blocking=False, timeout=1.0)
+    with pytest.raises(TypeError, match="blocking"):
+        await lock.acquire(blocking=1)  # type: ignore[arg-type]
+    assert not await lock.owned()
+    async with lock:
+        with pytest.raises(ValueError, match="ttl"):
+            await lock.extend(0)
+        with pytest.raises(ValueError, match="node_timeout"):
+            await lock.extend(0.1)
+    assert await nodes.holders() == {}
+
+
+def test_public_surface_is_documented() -> None:
+    """Redlock is final, mirrors AsyncLock's signatures, and documents every public name."""
+    assert getattr(Redlock, "__final__", False) is True
+    parameters = inspect.signature(Redlock.__init__).parameters
+    assert [n for n in parameters if n != "self"][:2] == ["clients", "name"]
+    for option in (
+        "ttl",
+        "timeout",
+        "blocking",
+        "backoff",
+        "auto_renew",
+        "on_lost",
+        "cancel_on_lost",
+        "reentrant",
+        "prefix",
+        "node_timeout",
+    ):
+        assert parameters[option].kind is inspect.Parameter.KEYWORD_ONLY, option
+    assert "notify" not in parameters
+    for method in ("acquire", "release", "extend", "locked", "owned", "__aenter__", "__aexit__"):
+        assert inspect.iscoroutinefunction(getattr(Redlock, method)), method
+    assert list(inspect.signature(Redlock.acquire).parameters)[1:] == ["blocking", "timeout"]
+    assert list(inspect.signature(Redlock.extend).parameters)[1:] == ["ttl"]
+    missing = [
+        n
+        for n in vars(Redlock)
+        if not n.startswith("_") and not (getattr(Redlock, n).__doc__ or "").strip()
+    ]
+    assert missing == []
+    doc = inspect.getdoc(Redlock) or ""
+    positions = []
+    for heading in ("Ownership", "Fairness", "Cancellation", "Expiry", "Raises"):
+        found = re.search(rf"^\*\*{heading}\.\*\*\s+\S", doc, flags=re.MULTILINE)
+        assert found, f"no **{heading}.** paragraph"
+        positions.append(found.start())
+    assert positions == sorted(positions)
+    for phrase in ("pause", "clock", "fencing", "2k"):
+        assert phrase in doc, phrase
