@@ -188,7 +188,9 @@ class AsyncLock:
     Args:
         client: a ``redis.asyncio.Redis`` (Sentinel's ``master_for()`` gives
             one) or ``redis.asyncio.RedisCluster``.
-        name: the lock's name; the key is ``<prefix>{<name>}``.
+        name: the lock's name; the key is ``<prefix>{<name>}``. It must not
+            start with ``}`` (nor the prefix contain ``{}``): the key's hash
+            tag would be empty, and its companion keys in other cluster slots.
         ttl: the lease in seconds: how long the server keeps the lock if the
             holder dies. Renewal keeps it alive while the holder lives.
         timeout: how long :meth:`acquire` waits, in seconds; ``None`` waits
@@ -268,6 +270,7 @@ class AsyncLock:
         "_cancel_on_lost",
         "_channel",
         "_client",
+        "_cluster",
         "_current",
         "_fencing",
         "_key",
@@ -348,6 +351,13 @@ class AsyncLock:
         self._replica_fsync = _check_bool("replica_fsync", replica_fsync)
 
         self._key = f"{prefix}{{{name}}}"
+        tag = self._key.index("{")
+        if self._key[tag + 1] == "}":
+            raise ValueError(
+                f"name {name!r} with prefix {prefix!r} gives the key {self._key!r} an empty "
+                "hash tag '{}', so its companion keys would not share its cluster slot "
+                "(a name must not start with '}', nor a prefix contain '{}')"
+            )
         self._channel = f"{self._key}:released"
         self._marker = f"{self._key}:waiting"
         self._acquire_keys = (
@@ -355,7 +365,8 @@ class AsyncLock:
             if fencing
             else (self._key, self._marker)
         )
-        sharded = "1" if isinstance(self._client, RedisCluster) else "0"
+        self._cluster = isinstance(self._client, RedisCluster)
+        sharded = "1" if self._cluster else "0"
         self._release_args = (self._channel, sharded)
         self._scripts = scripts_for(self._client)
         self._queues = queues_of(self._client)
@@ -647,6 +658,10 @@ class AsyncLock:
         with the same token before this returns or raises.
         """
         ms = _ms(self._ttl)
+        if self._cluster:
+            # A fresh RedisCluster that loads its slot map while many commands are in
+            # flight loses replies (redis-py 8.1): load it first (at once when loaded).
+            await self._client.initialize()
         if self._replicas:
             return await self._replicated_attempt(token, ms, deadline, waiter, mark_ms)
         plain = waiter is None and not self._fencing

@@ -39,7 +39,7 @@ import anyio.lowlevel
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, SlotNotCoveredError
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -192,12 +192,28 @@ class _Listener:
 
     async def _send(self, conn: AbstractConnection, *args: Any) -> None:
         """Send one command on ``conn``; a failure breaks the connection (the reader sees it)."""
+        await self._send_all(conn, [args])
+
+    async def _send_all(self, conn: AbstractConnection, commands: list[tuple[Any, ...]]) -> None:
+        """Send ``commands`` on ``conn`` in one write; a failure breaks the connection."""
         try:
             async with self._write_lock:
-                await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except (RedisError, OSError) as exc:
             logger.debug("aiolock: pub/sub send failed: %r", exc)
             await conn.disconnect(nowait=True)
+
+    async def _send_channels(self, conn: AbstractConnection, verb: str, raws: list[bytes]) -> None:
+        """(Un)subscribe ``raws``: one command, or on a cluster one per channel in one write.
+
+        A sharded command with channels of several slots fails with CROSSSLOT,
+        and the channels of one node's listener may lie in many slots.
+        """
+        command = self._command(verb)
+        if self._sharded:
+            await self._send_all(conn, [(command, raw) for raw in raws])
+        else:
+            await self._send(conn, command, *raws)
 
     async def _run(self) -> None:
         failures = 0
@@ -242,7 +258,7 @@ class _Listener:
             channel.state = _State.PENDING
             channel.since = now
         if new:
-            await self._send(conn, self._command("SUBSCRIBE"), *(c.raw for c in new))
+            await self._send_channels(conn, "SUBSCRIBE", [c.raw for c in new])
 
     def _broken(self) -> None:
         """The connection is gone: nothing is subscribed; wake every waiter to poll.
@@ -311,7 +327,7 @@ class _Listener:
         if self._channels:  # otherwise the connection is closed, which unsubscribes all
             asked = [c.raw for c in idle if c.state is not _State.NEW]
             if asked:
-                await self._send(conn, self._command("UNSUBSCRIBE"), *asked)
+                await self._send_channels(conn, "UNSUBSCRIBE", asked)
 
     def _dispatch(self, reply: Any) -> None:
         """Handle one pushed reply."""
@@ -422,6 +438,6 @@ async def subscribe(client: Client, channel: str, seen: int | None) -> Subscript
     """
     try:
         listener = _listener(client, channel)
-    except LookupError:
+    except (LookupError, SlotNotCoveredError):  # a cluster whose slot map is not loaded
         return None
     return await listener.subscribe(channel, seen)
