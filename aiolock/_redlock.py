@@ -159,7 +159,12 @@ class _NodeLate(RedisTimeoutError):
 
 
 class _AllLate(Exception):
-    """Every node of an attempt was late: a slow attempt (a busy loop, say), not a verdict."""
+    """Every node of an attempt failed, some only by being late: a slow attempt, not a verdict.
+
+    A node that was late (a busy event loop, say) may well be up; only when
+    every node failed with an error of its own is the attempt's error raised
+    at once.
+    """
 
     def __init__(self, last: _NodeLate) -> None:
         super().__init__(str(last))
@@ -544,10 +549,10 @@ class Redlock:
             LockLostError: the calling task's holding was lost and has not
                 been released yet.
             redis.exceptions.RedisError: every node failed an attempt with an
-                error (the last node's). Attempts on which every node was
-                merely late (past ``node_timeout``) are retried while the
-                timeout allows, and without a timeout for one ``ttl``; then
-                redis-py's ``TimeoutError`` is raised.
+                error (the last node's). Attempts on which some of the failed
+                nodes were merely late (past ``node_timeout``) are retried
+                while the timeout allows, and without a timeout for one
+                ``ttl``; then redis-py's ``TimeoutError`` is raised.
             TypeError: ``blocking`` is not a bool, or ``timeout`` not a number.
             ValueError: ``timeout`` is negative or NaN, or given together
                 with ``blocking=False``; or the backoff policy yields a bad delay.
@@ -647,8 +652,8 @@ class Redlock:
         still have landed) before this returns or raises.
 
         Raises:
-            _AllLate: every node missed ``node_timeout``.
-            Exception: every node failed otherwise; the last node's error.
+            _AllLate: every node failed, some by missing ``node_timeout``.
+            Exception: every node failed with an error; the last node's.
         """
         sent = time.monotonic()
         try:
@@ -664,10 +669,10 @@ class Redlock:
         await self._clear(token)
         failed = [o for o in outcomes if isinstance(o, Exception)]
         if len(failed) == len(outcomes):
-            last = failed[-1]
-            if all(isinstance(o, _NodeLate) for o in failed) and isinstance(last, _NodeLate):
-                raise _AllLate(last)
-            raise last
+            late = [o for o in failed if isinstance(o, _NodeLate)]
+            if late:
+                raise _AllLate(late[-1])
+            raise failed[-1]
         if granted >= self._quorum:
             logger.debug(
                 "lock %r: a majority granted it but the attempt took %.3f s of a %.3f s lease",
