@@ -23,30 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import logging
 import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from types import TracebackType
 from typing import Any, Final, final
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation
-from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+from ._exceptions import LockError, LockLostError, LockNotOwnedError
+from ._holder import HoldingLock
+from ._holder import current_task as _current_task
 from ._lock import (
     _TRANSPORT,
     _UNSET,
     _check_bool,
     _check_seconds,
     _check_timeout,
-    _current_task,
     _Unset,
 )
 from ._renewal import Holding, keep_alive
@@ -193,7 +191,7 @@ async def _finish(tasks: list[asyncio.Future[Any]]) -> None:
 
 
 @final
-class Redlock:
+class Redlock(HoldingLock):
     """A distributed lock over several independent Redis or Valkey masters (Redlock).
 
     ``Redlock([a, b, c], "orders:42")`` names a lock held on a majority of the
@@ -396,26 +394,10 @@ class Redlock:
         )
 
     # -- read-only facts ---------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The lock's name, as given."""
-        return self._name
-
     @property
     def key(self) -> str:
         """The key of the lock on every node: ``<prefix>{<name>}``."""
         return self._key
-
-    @property
-    def ttl(self) -> float:
-        """The lease in seconds given to each acquisition."""
-        return self._ttl
-
-    @property
-    def timeout(self) -> float | None:
-        """How long :meth:`acquire` waits by default (``None``: forever)."""
-        return self._timeout
 
     @property
     def node_timeout(self) -> float:
@@ -713,34 +695,6 @@ class Redlock:
             name=f"aiolock renewal of {self._name!r}",
         )
 
-    def _lease_over(self, holding: Holding) -> None:
-        holding.timer = None
-        if time.monotonic() < holding.lease_end:  # extended meanwhile
-            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
-            return
-        reason = (
-            "its owner task ended without releasing it and the lease ran out"
-            if holding.task.done()
-            else "the lease ran out (auto_renew is off)"
-        )
-        self._declare_lost(holding, reason)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        """The owning task ended while holding: stop renewing, let the lease run out."""
-        holding = self._by_task.pop(task, None)
-        if holding is None or holding.ended or holding.lost:
-            return
-        self._stop_watching(holding)
-        holding.timer = call_at(holding.lease_end, self._lease_over, holding)
-
-    def _stop_watching(self, holding: Holding) -> None:
-        if holding.timer is not None:
-            holding.timer.cancel()
-            holding.timer = None
-        renewal = holding.renewal
-        if renewal is not None and renewal is not asyncio.current_task():
-            renewal.cancel()
-
     def _declare_lost(self, holding: Holding, reason: str) -> None:
         """Mark ``holding`` lost: flag, local queue, ``cancel_on_lost``, ``on_lost``."""
         if holding.lost or holding.ended:
@@ -753,26 +707,6 @@ class Redlock:
                 scope.cancel()
                 break
         self._report_loss(holding, reason)
-
-    def _report_loss(self, holding: Holding, reason: str) -> None:
-        """Flag ``holding`` lost, log it, and run ``on_lost``."""
-        holding.lost = True
-        holding.loss_reason = reason
-        logger.warning("lost lock %r: %s", self._name, reason)
-        if self._on_lost is not None:
-            try:
-                result = self._on_lost(self)
-            except Exception:
-                logger.exception("on_lost callback of lock %r raised", self._name)
-            else:
-                if inspect.isawaitable(result):
-                    holding.callbacks.append(asyncio.ensure_future(self._run_callback(result)))
-
-    async def _run_callback(self, awaitable: Any) -> None:
-        try:
-            await awaitable
-        except Exception:
-            logger.exception("on_lost callback of lock %r raised", self._name)
 
     def _pass_baton(self, holding: Holding) -> None:
         """Let the next local waiter contend (once per holding)."""
@@ -809,11 +743,6 @@ class Redlock:
         for finished in callbacks:
             if not finished.cancelled():
                 finished.exception()
-
-    def _holding_to_release(self) -> Holding | None:
-        task = asyncio.current_task()
-        mine = self._by_task.get(task) if task is not None else None
-        return mine if mine is not None else self._current
 
     # -- release / extend / queries ----------------------------------------------------
 
@@ -988,70 +917,3 @@ class Redlock:
         return sum(1 for v in await self._values() if v == token) >= self._quorum
 
     # -- async with --------------------------------------------------------------------
-
-    async def __aenter__(self) -> Redlock:
-        if not await self.acquire():
-            raise AcquireTimeout(
-                f"could not acquire lock {self._name!r} within {self._timeout} s"
-                if self._blocking
-                else f"lock {self._name!r} is held by someone else (blocking=False)"
-            )
-        if self._cancel_on_lost:
-            task = _current_task()
-            holding = self._by_task[task]
-            scope: anyio.CancelScope | None = None
-            if holding.depth == 1:
-                scope = anyio.CancelScope()
-                scope.__enter__()
-            self._scopes.setdefault(task, []).append(scope)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task = _current_task()
-        cancelled_by_loss = False
-        if self._cancel_on_lost:
-            stack = self._scopes.get(task)
-            scope = stack.pop() if stack else None
-            if stack is not None and not stack:
-                del self._scopes[task]
-            if scope is not None and scope.__exit__(exc_type, exc, tb):
-                cancelled_by_loss = True
-                exc = None
-        holding = self._by_task.get(task)
-        if holding is None:  # released inside the body, or ended by a hand-off
-            if cancelled_by_loss:
-                raise LockLostError(f"lock {self._name!r} was lost while held") from None
-            return
-        if not holding.lost and holding.depth == 1 and time.monotonic() >= holding.lease_end:
-            self._declare_lost(holding, "the lease ran out before the body ended")
-        if holding.lost:
-            self._end(holding)
-            self._pass_baton(holding)
-            await self._settle(holding)
-            error = LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-            if exc is not None:
-                exc.add_note(f"aiolock: {error}")
-                return
-            raise error from None
-        try:
-            await self.release()
-        except LockNotOwnedError as release_error:
-            lost = (
-                release_error
-                if isinstance(release_error, LockLostError)
-                else LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
-            )
-            if exc is not None:
-                exc.add_note(f"aiolock: {lost}")
-                return
-            raise lost from None
-        except (RedisError, OSError, RuntimeError) as release_error:
-            if exc is not None:
-                exc.add_note(f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
-                return
-            raise

@@ -1,0 +1,195 @@
+"""What ``AsyncLock`` and ``Redlock`` share: holdings per task, loss reports, ``async with``.
+
+A lock keeps its holdings per task (``_by_task``), watches each lease with a
+timer or a renewal task, and reports a loss the same way whatever server(s)
+it runs on. The subclasses supply how to acquire, release, end a holding and
+declare it lost; this base keeps the rest in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+from redis.exceptions import RedisError
+
+from ._exceptions import AcquireTimeout, LockLostError, LockNotOwnedError
+from ._renewal import Holding
+from ._timers import call_at
+
+__all__ = ["HoldingLock", "current_task"]
+
+logger = logging.getLogger("aiolock")
+
+
+def current_task() -> asyncio.Task[Any]:
+    """The running task (aiolock is used from inside tasks only)."""
+    task = asyncio.current_task()
+    if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task
+
+
+class HoldingLock:
+    """The base of the lock classes: per-task holdings, loss reports, ``async with``."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        _name: str
+        _ttl: float
+        _timeout: float | None
+        _blocking: bool
+        _cancel_on_lost: bool
+        _on_lost: Callable[[Any], object] | None
+        _by_task: dict[asyncio.Task[Any], Holding]
+        _current: Holding | None
+        _scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]]
+
+        async def acquire(self) -> bool: ...
+        async def release(self) -> None: ...
+        def _declare_lost(self, holding: Holding, reason: str) -> None: ...
+        def _end(self, holding: Holding) -> None: ...
+        def _pass_baton(self, holding: Holding) -> None: ...
+        async def _settle(self, holding: Holding) -> None: ...
+
+    @property
+    def name(self) -> str:
+        """The lock's name, as given."""
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds given to each acquisition."""
+        return self._ttl
+
+    @property
+    def timeout(self) -> float | None:
+        """How long :meth:`acquire` waits by default (``None``: forever)."""
+        return self._timeout
+
+    def _lease_over(self, holding: Holding) -> None:
+        holding.timer = None
+        if time.monotonic() < holding.lease_end:  # extended meanwhile
+            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+            return
+        reason = (
+            "its owner task ended without releasing it and the lease ran out"
+            if holding.task.done()
+            else "the lease ran out (auto_renew is off)"
+        )
+        self._declare_lost(holding, reason)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """The owning task ended while holding: stop renewing, let the lease run out."""
+        holding = self._by_task.pop(task, None)
+        if holding is None or holding.ended or holding.lost:
+            return
+        self._stop_watching(holding)
+        holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+
+    def _stop_watching(self, holding: Holding) -> None:
+        if holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = None
+        renewal = holding.renewal
+        if renewal is not None and renewal is not asyncio.current_task():
+            renewal.cancel()
+
+    def _report_loss(self, holding: Holding, reason: str) -> None:
+        """Flag ``holding`` lost, log it, and run ``on_lost``."""
+        holding.lost = True
+        holding.loss_reason = reason
+        logger.warning("lost lock %r: %s", self._name, reason)
+        if self._on_lost is not None:
+            try:
+                result = self._on_lost(self)
+            except Exception:
+                logger.exception("on_lost callback of lock %r raised", self._name)
+            else:
+                if inspect.isawaitable(result):
+                    holding.callbacks.append(asyncio.ensure_future(self._run_callback(result)))
+
+    async def _run_callback(self, awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            logger.exception("on_lost callback of lock %r raised", self._name)
+
+    def _holding_to_release(self) -> Holding | None:
+        task = asyncio.current_task()
+        mine = self._by_task.get(task) if task is not None else None
+        return mine if mine is not None else self._current
+
+    async def __aenter__(self) -> Self:
+        if not await self.acquire():
+            raise AcquireTimeout(
+                f"could not acquire lock {self._name!r} within {self._timeout} s"
+                if self._blocking
+                else f"lock {self._name!r} is held by someone else (blocking=False)"
+            )
+        if self._cancel_on_lost:
+            task = current_task()
+            holding = self._by_task[task]
+            scope: anyio.CancelScope | None = None
+            if holding.depth == 1:
+                scope = anyio.CancelScope()
+                scope.__enter__()
+            self._scopes.setdefault(task, []).append(scope)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = current_task()
+        cancelled_by_loss = False
+        if self._cancel_on_lost:
+            stack = self._scopes.get(task)
+            scope = stack.pop() if stack else None
+            if stack is not None and not stack:
+                del self._scopes[task]
+            if scope is not None and scope.__exit__(exc_type, exc, tb):
+                cancelled_by_loss = True
+                exc = None
+        holding = self._by_task.get(task)
+        if holding is None:  # released inside the body, or ended by a hand-off
+            if cancelled_by_loss:
+                raise LockLostError(f"lock {self._name!r} was lost while held") from None
+            return
+        if not holding.lost and holding.depth == 1 and time.monotonic() >= holding.lease_end:
+            self._declare_lost(holding, "the lease ran out before the body ended")
+        if holding.lost:
+            self._end(holding)
+            self._pass_baton(holding)
+            await self._settle(holding)
+            error = LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+            if exc is not None:
+                exc.add_note(f"aiolock: {error}")
+                return
+            raise error from None
+        try:
+            await self.release()
+        except LockNotOwnedError as release_error:
+            lost = (
+                release_error
+                if isinstance(release_error, LockLostError)
+                else LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
+            )
+            if exc is not None:
+                exc.add_note(f"aiolock: {lost}")
+                return
+            raise lost from None
+        except (RedisError, OSError, RuntimeError) as release_error:
+            if exc is not None:
+                exc.add_note(f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
+                return
+            raise
