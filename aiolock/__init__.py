@@ -15,7 +15,9 @@ expiry) and :mod:`aiolock.backoff` for the waiting policies.
 
 from . import backoff
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+from ._guard import guard
 from ._lock import AsyncLock, LockStatistics
+from ._observe import LockEvent, add_observer, remove_observer
 from ._redlock import Redlock
 from ._version import __version__
 
@@ -23,10 +25,14 @@ __all__ = [
     "AcquireTimeout",
     "AsyncLock",
     "LockError",
+    "LockEvent",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
     "Redlock",
     "__version__",
+    "add_observer",
     "backoff",
+    "guard",
+    "remove_observer",
 ]

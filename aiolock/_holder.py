@@ -14,14 +14,19 @@ import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 from redis.exceptions import RedisError
 
 from ._exceptions import AcquireTimeout, LockLostError, LockNotOwnedError
+from ._observe import EventKind, LockEvent, emit, observing
 from ._renewal import Holding
 from ._timers import call_at
+
+if TYPE_CHECKING:
+    from ._lock import AsyncLock
+    from ._redlock import Redlock
 
 __all__ = ["HoldingLock", "current_task"]
 
@@ -102,11 +107,54 @@ class HoldingLock:
         if renewal is not None and renewal is not asyncio.current_task():
             renewal.cancel()
 
+    def _event(
+        self,
+        kind: EventKind,
+        holding: Holding | None,
+        *,
+        waited: float | None = None,
+        contended: bool = False,
+        reason: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Tell the observers (see :mod:`aiolock._observe`), if there are any."""
+        if not observing():
+            return
+        held = None
+        fence = None
+        if holding is not None:
+            fence = holding.fence
+            if kind in ("released", "lost"):
+                held = time.monotonic() - holding.acquired_at
+            elif kind == "acquired":
+                contended = holding.contended
+        emit(
+            LockEvent(
+                kind,
+                cast("AsyncLock | Redlock", self),
+                self._name,
+                waited=waited,
+                contended=contended,
+                held=held,
+                fence=fence,
+                reason=reason,
+                error=error,
+            )
+        )
+
+    def _renewed(self, holding: Holding, error: BaseException | None) -> None:
+        """The watchdog's report of one renewal: done (None) or failed (the error)."""
+        if error is None:
+            self._event("renewed", holding)
+        else:
+            self._event("renewal_failed", holding, error=error)
+
     def _report_loss(self, holding: Holding, reason: str) -> None:
-        """Flag ``holding`` lost, log it, and run ``on_lost``."""
+        """Flag ``holding`` lost, log it, tell the observers, and run ``on_lost``."""
         holding.lost = True
         holding.loss_reason = reason
         logger.warning("lost lock %r: %s", self._name, reason)
+        self._event("lost", holding, reason=reason)
         if self._on_lost is not None:
             try:
                 result = self._on_lost(self)

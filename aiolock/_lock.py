@@ -494,16 +494,20 @@ class AsyncLock(HoldingLock):
             deadline = started + wait
         baseline = cancelling(task)
         queue = queue_for(self._queues, self._key)
-        if queue.take(task):
+        took = queue.take(task)
+        if took:
             ticket: Grant | Turn | Yield | None = Turn.CONTEND
         else:
             ticket = await queue.enter(task, self, deadline, deadline is None or deadline > started)
         if ticket is None:
+            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
             return False
         try:
             if isinstance(ticket, Grant):
                 if time.monotonic() < ticket.sent + self._ttl:
-                    self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
+                    handed = self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
+                    handed.contended = True
+                    self._event("acquired", handed, waited=time.monotonic() - started)
                     return True
                 # The releaser's hand-over took longer than our lease: not a lock.
                 await self._undo(ticket.token)
@@ -515,7 +519,11 @@ class AsyncLock(HoldingLock):
             raise
         if holding is None:
             queue.leave()
+            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
             return False
+        if not took:
+            holding.contended = True  # it queued behind a local holder first
+        self._event("acquired", holding, waited=time.monotonic() - started)
         return True
 
     async def _contend(
@@ -543,6 +551,7 @@ class AsyncLock(HoldingLock):
             drawn = False  # `step` is already the pause after the attempt in flight
             plain = not (self._fencing or self._replicas)  # the first attempt is a bare SET
             seen: int | None = None
+            attempts = 0
             if wait_first:
                 # Waiters elsewhere were told to go first; if none has taken the lock by
                 # then, try anyway. A plain sleep: the release message of the yield itself
@@ -574,6 +583,7 @@ class AsyncLock(HoldingLock):
                         waiter = secrets.token_hex(8)
                 sent = time.monotonic()
                 reply = await self._attempt(token, deadline, waiter, mark_ms)
+                attempts += 1
                 if cancelling(task) > baseline:
                     if reply is not None and reply[0]:
                         await self._undo(token)
@@ -583,6 +593,7 @@ class AsyncLock(HoldingLock):
                     if now < sent + self._ttl:
                         fence = int(reply[1]) if self._fencing else None
                         holding = self._hold(task, token, sent, fence)
+                        holding.contended = attempts > 1 or wait_first > 0
                         return holding
                     # The reply came after the lease it granted had run out: not a lock.
                     await self._undo(token)
@@ -809,7 +820,7 @@ class AsyncLock(HoldingLock):
         if holding.ended or holding.lost:
             return
         holding.renewal = asyncio.get_running_loop().create_task(
-            keep_alive(holding, self._extend_script, self._declare_lost, self._name),
+            keep_alive(holding, self._extend_script, self._declare_lost, self._name, self._renewed),
             name=f"aiolock renewal of {self._name!r}",
         )
 
@@ -931,6 +942,7 @@ class AsyncLock(HoldingLock):
                 "(its lease ran out); the key was left alone"
             )
         logger.debug("released lock %r", self._name)
+        self._event("released", holding)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
 
@@ -1010,6 +1022,7 @@ class AsyncLock(HoldingLock):
         if holding.is_lost():  # declared lost while the extend was in flight
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
         holding.renewed(sent, new_ttl)
+        self._event("renewed", holding)
         if not self._auto_renew and holding.timer is not None:
             holding.timer.cancel()
             holding.timer = call_at(holding.lease_end, self._lease_over, holding)

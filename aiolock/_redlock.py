@@ -573,12 +573,14 @@ class Redlock(HoldingLock):
         else:
             deadline = started + wait
         baseline = cancelling(task)
+        queued = self._gate.locked()
         if deadline is None:
             await self._gate.acquire()
         else:
             with Cutoff(deadline) as cutoff:
                 await self._gate.acquire()
             if cutoff.expired:
+                self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
                 return False
         try:
             holding = await self._contend(task, deadline, baseline)
@@ -587,7 +589,10 @@ class Redlock(HoldingLock):
             raise
         if holding is None:
             self._gate.release()
+            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
             return False
+        holding.contended = holding.contended or queued
+        self._event("acquired", holding, waited=time.monotonic() - started)
         return True
 
     async def _contend(
@@ -597,7 +602,9 @@ class Redlock(HoldingLock):
         delays: Iterator[float] | None = None
         step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
         late_since: float | None = None  # since when every attempt found every node late
+        attempts = 0
         while True:
+            attempts += 1
             token = secrets.token_hex(16)
             try:
                 sent = await self._attempt(token)
@@ -615,7 +622,9 @@ class Redlock(HoldingLock):
                 if cancelling(task) > baseline:  # a cancellation swallowed below us
                     await self._clear(token)
                     await honour_cancellation(task, baseline)
-                return self._hold(task, token, sent)
+                holding = self._hold(task, token, sent)
+                holding.contended = attempts > 1
+                return holding
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return None
@@ -691,7 +700,7 @@ class Redlock(HoldingLock):
             return await self._extend_on_nodes(token, self._leases.get(holding, self._ttl))
 
         holding.renewal = asyncio.get_running_loop().create_task(
-            keep_alive(holding, renew, self._declare_lost, self._name),
+            keep_alive(holding, renew, self._declare_lost, self._name, self._renewed),
             name=f"aiolock renewal of {self._name!r}",
         )
 
@@ -799,6 +808,7 @@ class Redlock(HoldingLock):
                 "other holders' keys were left alone"
             )
         logger.debug("released lock %r", self._name)
+        self._event("released", holding)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
 
@@ -865,6 +875,7 @@ class Redlock(HoldingLock):
         if holding.is_lost():  # declared lost while the extend was in flight
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
         holding.renewed(sent, new_ttl - _drift(new_ttl))
+        self._event("renewed", holding)
         if not (holding.ended or holding.lost):
             self._leases[holding] = new_ttl  # for later renewals; dropped at the end or loss
         if not self._auto_renew and holding.timer is not None:

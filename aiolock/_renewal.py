@@ -45,7 +45,9 @@ class Holding:
     """The state of one acquisition, shared by the lock and its watchdog."""
 
     __slots__ = (
+        "acquired_at",
         "callbacks",
+        "contended",
         "depth",
         "ended",
         "fence",
@@ -70,6 +72,8 @@ class Holding:
         self.ttl = ttl
         self.renewed_at = sent
         self.lease_end = sent + ttl
+        self.acquired_at = sent
+        self.contended = False
         self.fence = fence
         self.depth = 1
         self.lost = False
@@ -97,14 +101,17 @@ async def keep_alive(
     extend: Callable[[str, float], Awaitable[bool]],
     declare_lost: Callable[[Holding, str], None],
     name: str,
+    renewed: Callable[[Holding, BaseException | None], None],
 ) -> None:
     """Extend ``holding`` every ``ttl/3`` until cancelled or lost.
 
     Args:
         holding: the holding to keep alive.
-        name: the lock's name, for log records.
         extend: sends the extend script for (token, ttl); True if the key was ours.
         declare_lost: marks the holding lost with a reason (idempotent).
+        name: the lock's name, for log records.
+        renewed: told of each renewal: with None when it reset the lease, with
+            the exception when it failed (and will be retried).
     """
     task = asyncio.current_task()
     while not (holding.ended or holding.lost):
@@ -127,6 +134,7 @@ async def keep_alive(
                     declare_lost(holding, "the key was gone or held by another holder at renewal")
                     return
                 holding.renewed(sent, ttl)
+                renewed(holding, None)
                 continue
         except Exception as exc:
             # Not only redis-py's errors: uvloop raises a bare RuntimeError on a closed
@@ -140,6 +148,7 @@ async def keep_alive(
                 exc,
                 max(remaining, 0.0),
             )
+            renewed(holding, exc)
             retry = min(max(holding.ttl / 10, _RETRY_MIN), _RETRY_MAX, max(remaining, 0.0))
             await anyio.sleep(retry)
             await honour_cancellation(task, 0)

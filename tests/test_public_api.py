@@ -19,6 +19,7 @@ import pytest
 import aiolock
 import aiolock._exceptions
 import aiolock.backoff
+import aiolock.otel
 import aiolock.testing
 from aiolock import (
     AcquireTimeout,
@@ -33,12 +34,16 @@ AIOLOCK_ALL = [
     "AcquireTimeout",
     "AsyncLock",
     "LockError",
+    "LockEvent",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
     "Redlock",
     "__version__",
+    "add_observer",
     "backoff",
+    "guard",
+    "remove_observer",
 ]
 
 BACKOFF_ALL = [
@@ -104,7 +109,8 @@ def test_testing_all_is_sorted_and_unique() -> None:
     ("module", "name"),
     [("aiolock", n) for n in AIOLOCK_ALL]
     + [("aiolock.backoff", n) for n in BACKOFF_ALL]
-    + [("aiolock.testing", n) for n in aiolock.testing.__all__],
+    + [("aiolock.testing", n) for n in aiolock.testing.__all__]
+    + [("aiolock.otel", n) for n in aiolock.otel.__all__],
 )
 def test_every_public_name_is_importable_and_documented(module: str, name: str) -> None:
     """Every name in __all__ imports with `from module import name` and has its own docstring."""
@@ -134,7 +140,7 @@ def test_public_methods_and_properties_are_documented(cls: type) -> None:
 
 def test_modules_are_documented() -> None:
     """The package and its public modules have module docstrings."""
-    for module in (aiolock, aiolock.backoff, aiolock.testing, aiolock._exceptions):
+    for module in (aiolock, aiolock.backoff, aiolock.testing, aiolock._exceptions, aiolock.otel):
         assert (module.__doc__ or "").strip(), module.__name__
 
 

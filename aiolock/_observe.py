@@ -1,0 +1,135 @@
+"""Observers: a hook that sees every acquisition, release, renewal and loss.
+
+An *observer* is any callable taking one :class:`LockEvent`. Registered with
+:func:`add_observer`, it is called synchronously, in the event loop, for
+every :class:`~aiolock.AsyncLock` and :class:`~aiolock.Redlock` of the
+process. That is enough to back metrics (``aiolock.otel`` does it with
+OpenTelemetry), tracing or audit logs. With no observer registered, aiolock
+pays one list check per event.
+
+An observer must be quick and must not block: it runs inside the lock's own
+code paths. An exception it raises is logged (``aiolock`` logger, ERROR) and
+otherwise ignored, so a broken observer never breaks locking.
+
+The ``aiolock`` logger itself writes: ``acquired`` and ``released`` at DEBUG,
+renewal failures (retried until the lease ends) and losses at WARNING.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from ._lock import AsyncLock
+    from ._redlock import Redlock
+
+__all__ = [
+    "EventKind",
+    "LockEvent",
+    "Observer",
+    "add_observer",
+    "emit",
+    "observing",
+    "remove_observer",
+]
+
+logger = logging.getLogger("aiolock")
+
+EventKind: TypeAlias = Literal[
+    "acquired", "not_acquired", "released", "renewed", "renewal_failed", "lost"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LockEvent:
+    """One thing that happened to a lock, as an observer sees it.
+
+    Attributes:
+        kind: what happened:
+
+            - ``"acquired"``: :meth:`~aiolock.AsyncLock.acquire` got the lock
+              (not counting re-entries of a reentrant lock);
+            - ``"not_acquired"``: it returned False (the timeout passed, or
+              ``blocking=False`` found the lock held);
+            - ``"released"``: a holding ended by a release that found the key
+              still ours;
+            - ``"renewed"``: the lease was reset, by the watchdog or by
+              :meth:`~aiolock.AsyncLock.extend`;
+            - ``"renewal_failed"``: a watchdog renewal raised; it is retried
+              until the lease would run out, then the lock is lost;
+            - ``"lost"``: the holding was lost while held (``on_lost`` runs
+              right after the observers).
+        lock: the lock object (an :class:`~aiolock.AsyncLock` or a
+            :class:`~aiolock.Redlock`).
+        name: the lock's name.
+        waited: ``acquired`` and ``not_acquired``: seconds from the call of
+            ``acquire()`` to its outcome.
+        contended: ``acquired``: True if the lock was not free at the first
+            try (another holder, here or elsewhere, had it first);
+            ``not_acquired`` is always contended.
+        held: ``released`` and ``lost``: seconds since the lock was acquired.
+        fence: the holding's fencing number (``fencing=True`` only).
+        reason: ``lost``: why, in words.
+        error: ``renewal_failed``: the exception the renewal raised.
+    """
+
+    kind: EventKind
+    lock: AsyncLock | Redlock
+    name: str
+    waited: float | None = None
+    contended: bool = False
+    held: float | None = None
+    fence: int | None = None
+    reason: str | None = None
+    error: BaseException | None = None
+
+
+#: What :func:`add_observer` takes: a callable of one :class:`LockEvent`.
+Observer: TypeAlias = Callable[[LockEvent], object]
+
+_observers: list[Observer] = []
+
+
+def add_observer(observer: Observer) -> None:
+    """Call ``observer`` with a :class:`LockEvent` for every lock event in this process.
+
+    Observers are called in the order they were added. Adding the same
+    observer twice calls it twice.
+
+    Raises:
+        TypeError: ``observer`` is not callable.
+    """
+    if not callable(observer):
+        raise TypeError(f"observer must be a callable taking a LockEvent, got {observer!r}")
+    _observers.append(observer)
+
+
+def remove_observer(observer: Observer) -> None:
+    """Stop calling ``observer`` (one registration of it).
+
+    Raises:
+        ValueError: ``observer`` was not added.
+    """
+    try:
+        _observers.remove(observer)
+    except ValueError:
+        raise ValueError(f"observer {observer!r} was not added") from None
+
+
+def observing() -> bool:
+    """Whether any observer is registered (checked before building an event)."""
+    return bool(_observers)
+
+
+def emit(event: LockEvent) -> None:
+    """Hand ``event`` to every observer; log and swallow what they raise."""
+    for observer in tuple(_observers):
+        try:
+            observer(event)
+        except Exception:
+            logger.exception(
+                "observer %r raised on the %s event of lock %r", observer, event.kind, event.name
+            )

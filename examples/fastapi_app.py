@@ -1,0 +1,274 @@
+"""A "seckill" inventory service on FastAPI, with one aiolock lock per item.
+
+A purchase is a read-modify-write of the item's stock in Redis (``GET``,
+some work, ``SET``). Two concurrent buyers that both read "1 left" would
+both sell it; the lock makes them take turns, per item, across every worker
+process that shares the Redis server.
+
+What is idiomatic here:
+
+- The ``redis.asyncio`` client is made in the app's lifespan, kept on
+  ``app.state``, and closed with ``aclose()`` at shutdown.
+- :func:`item_lock` is a dependency that *yields a held lock*::
+
+      ItemLock = Annotated[AsyncLock, Depends(item_lock, scope="function")]
+
+      @router.post("/items/{item_id}/buy")
+      async def buy(item_id: str, lock: ItemLock) -> Purchase: ...
+
+  ``scope="function"`` ends the dependency (releases the lock) when the
+  handler returns, *before* the response is sent: the client is told
+  "bought" only once the lock is released and the write is done, and a
+  :class:`~aiolock.LockLostError` raised on release still becomes an HTTP
+  response instead of an error after the response went out.
+- :func:`restock` uses ``async with AsyncLock(...)`` directly in its body.
+- Exception handlers map aiolock's errors to HTTP once, for every route:
+  :class:`~aiolock.AcquireTimeout` (the item stayed busy past the lock's
+  ``timeout``) to 503 with ``Retry-After``, and :class:`~aiolock.LockLostError`
+  (the lease ran out while the handler ran) to 503 saying the outcome is
+  unknown. Sold out is 409.
+
+Run it against a server (``AIOLOCK_URL``, default ``redis://127.0.0.1:6379/0``)::
+
+    AIOLOCK_URL=redis://127.0.0.1:6379/0 python examples/fastapi_app.py
+    curl -X POST 'localhost:8000/items/phone/restock?quantity=10'
+    curl -X POST 'localhost:8000/items/phone/buy'
+
+``create_app(url, unlocked_demo=True)`` adds ``POST /items/{item_id}/buy-unlocked``,
+the same purchase without the lock. It exists to show (and to test) that
+the lock is what prevents overselling; never ship such a route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis.asyncio as redis
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from aiolock import AcquireTimeout, AsyncLock, LockLostError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the service locks and how long a purchase "works" between its read and write.
+
+    Attributes:
+        ttl: the lock's lease in seconds (renewed while a handler holds it).
+        lock_timeout: how long a request waits for a busy item before 503.
+        pause: seconds of simulated work between reading and writing the stock.
+    """
+
+    ttl: float = 5.0
+    lock_timeout: float = 2.0
+    pause: float = 0.01
+
+
+class Purchase(BaseModel):
+    """A successful purchase."""
+
+    item: str
+    remaining: int
+
+
+class Stock(BaseModel):
+    """An item's stock."""
+
+    item: str
+    stock: int
+
+
+def stock_key(item_id: str) -> str:
+    """The Redis key of an item's stock."""
+    return f"stock:{item_id}"
+
+
+def lock_name(item_id: str) -> str:
+    """The lock that serializes every change to an item's stock."""
+    return f"item:{item_id}"
+
+
+async def take(client: redis.Redis, item_id: str, quantity: int, pause: float) -> int | None:
+    """Take ``quantity`` units of the item: a read-modify-write, safe only under its lock.
+
+    Returns:
+        The stock left, or None if there was not enough (nothing is taken).
+    """
+    key = stock_key(item_id)
+    stock = int(await client.get(key) or 0)
+    if stock < quantity:
+        return None
+    # The work between the read and the write (pricing, payment, ...). Without
+    # the lock, other buyers read the same stock meanwhile and all of them sell.
+    await asyncio.sleep(pause)
+    await client.set(key, stock - quantity)
+    return stock - quantity
+
+
+# -- dependencies ----------------------------------------------------------------------
+
+
+def get_redis(request: Request) -> redis.Redis:
+    """The app's Redis client, made by the lifespan."""
+    client: redis.Redis = request.app.state.redis
+    return client
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's settings."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+RedisClient = Annotated[redis.Redis, Depends(get_redis)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
+
+
+async def item_lock(
+    item_id: str, client: RedisClient, settings: AppSettings
+) -> AsyncIterator[AsyncLock]:
+    """Hold the item's lock while the handler runs.
+
+    Waits up to ``settings.lock_timeout`` (then :class:`AcquireTimeout`
+    becomes a 503), renews the lease while the handler runs, and releases
+    when it returns or raises.
+    """
+    async with AsyncLock(
+        client, lock_name(item_id), ttl=settings.ttl, timeout=settings.lock_timeout
+    ) as lock:
+        yield lock
+
+
+#: The item's lock, held around the handler; released before the response is sent.
+ItemLock = Annotated[AsyncLock, Depends(item_lock, scope="function")]
+Quantity = Annotated[int, Query(ge=1, le=100)]
+
+
+# -- routes ----------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+@router.get("/items/{item_id}")
+async def get_stock(item_id: str, client: RedisClient) -> Stock:
+    """The item's stock (a plain read needs no lock)."""
+    return Stock(item=item_id, stock=int(await client.get(stock_key(item_id)) or 0))
+
+
+@router.post("/items/{item_id}/buy")
+async def buy(
+    item_id: str,
+    lock: ItemLock,
+    client: RedisClient,
+    settings: AppSettings,
+    quantity: Quantity = 1,
+) -> Purchase:
+    """Buy ``quantity`` units: 409 when sold out, 503 when the item stays busy."""
+    # ``lock`` is held for this whole body: no other buyer of this item (in
+    # any process) is between its read and its write now.
+    remaining = await take(client, item_id, quantity, settings.pause)
+    if remaining is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"item {item_id!r} is sold out")
+    return Purchase(item=item_id, remaining=remaining)
+
+
+@router.post("/items/{item_id}/restock")
+async def restock(
+    item_id: str, client: RedisClient, settings: AppSettings, quantity: Quantity = 10
+) -> Stock:
+    """Add ``quantity`` units, holding the item's lock inside the handler body."""
+    # INCRBY is atomic on its own, but a buyer between its GET and its SET would
+    # overwrite it: restocking takes the same lock as buying.
+    async with AsyncLock(
+        client, lock_name(item_id), ttl=settings.ttl, timeout=settings.lock_timeout
+    ):
+        stock = await client.incrby(stock_key(item_id), quantity)
+    return Stock(item=item_id, stock=stock)
+
+
+demo_router = APIRouter()
+
+
+@demo_router.post("/items/{item_id}/buy-unlocked")
+async def buy_unlocked(
+    item_id: str, client: RedisClient, settings: AppSettings, quantity: Quantity = 1
+) -> Purchase:
+    """DEMONSTRATION ONLY: :func:`buy` without the lock. Concurrent buyers oversell."""
+    remaining = await take(client, item_id, quantity, settings.pause)
+    if remaining is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"item {item_id!r} is sold out")
+    return Purchase(item=item_id, remaining=remaining)
+
+
+# -- aiolock's errors as HTTP responses ------------------------------------------------
+
+
+async def item_busy(request: Request, exc: AcquireTimeout) -> JSONResponse:
+    """503 + ``Retry-After``: the lock was not acquired within the timeout; nothing was done."""
+    return JSONResponse(
+        {"detail": f"the item is busy, try again later ({exc})"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def lock_lost(request: Request, exc: LockLostError) -> JSONResponse:
+    """503: the lock was lost while the handler ran; its writes may or may not have happened."""
+    return JSONResponse(
+        {"detail": f"outcome unknown: the item's lock was lost while processing ({exc})"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
+
+
+def create_app(
+    url: str,
+    *,
+    client_name: str = "aiolock-fastapi-example",
+    settings: Settings | None = None,
+    unlocked_demo: bool = False,
+) -> FastAPI:
+    """Make the service for the Redis server at ``url``.
+
+    Args:
+        url: the Redis URL (``redis://host:port/db``).
+        client_name: the name its connections give the server (``CLIENT SETNAME``).
+        settings: lock and timing settings; the defaults of :class:`Settings`.
+        unlocked_demo: also serve ``POST /items/{item_id}/buy-unlocked``, the
+            purchase without the lock, to show that it oversells.
+
+    Returns:
+        The app; its Redis client exists from startup to shutdown of its lifespan.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = redis.Redis.from_url(url, client_name=client_name)
+        app.state.redis = client
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    app = FastAPI(
+        title="aiolock seckill example",
+        lifespan=lifespan,
+        exception_handlers={AcquireTimeout: item_busy, LockLostError: lock_lost},
+    )
+    app.state.settings = settings or Settings()
+    app.include_router(router)
+    if unlocked_demo:
+        app.include_router(demo_router)
+    return app
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(create_app(os.environ.get("AIOLOCK_URL", "redis://127.0.0.1:6379/0")))

@@ -1,0 +1,386 @@
+"""The framework examples, ``examples/fastapi_app.py`` and ``examples/aiohttp_app.py``, served.
+
+Issue 6 asks for FastAPI and aiohttp examples. Each test runs one of them
+against the session's real server: FastAPI under an in-process
+``uvicorn.Server`` (lifespan on), aiohttp under ``web.AppRunner`` and
+``TCPSite``, both on a free loopback port, and drives it with real
+concurrent HTTP requests. After the server stops, every test checks that the
+app shut down cleanly: its Redis client's connections are gone, no lock key
+is left, and no task it started still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as redis
+import uvicorn
+from aiohttp import web
+
+from aiolock import AsyncLock
+from aiolock.testing import RedisServer
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+#: The load: ``BUYERS`` concurrent purchases of each of ``ITEMS`` items with ``STOCK`` units.
+ITEMS = 3
+STOCK = 10
+BUYERS = 30
+#: Seconds between a purchase's read and its write (widens the race without the lock).
+PAUSE = 0.02
+#: Bounds on starting and stopping a server, and on one batch of requests.
+STARTUP = 10.0
+SHUTDOWN = 10.0
+REQUESTS = 20.0
+#: How long the app's connections and tasks may take to go after the server stopped
+#: (the release-notification listener lingers a little after its last waiter).
+SETTLE = 3.0
+
+
+def load_example(filename: str) -> ModuleType:
+    """Import ``examples/<filename>`` by path (examples are not a package)."""
+    path = EXAMPLES / filename
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fastapi_app = load_example("fastapi_app.py")
+aiohttp_app = load_example("aiohttp_app.py")
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serve_with_uvicorn(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app in-process with uvicorn (lifespan on); yield its base URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(), name="test-uvicorn")
+    try:
+        await wait_for(lambda: server.started or task.done(), STARTUP, "uvicorn to start")
+        if task.done():
+            await task
+            pytest.fail("uvicorn stopped during startup")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(SHUTDOWN):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def serve_with_aiohttp(app: web.Application) -> AsyncIterator[str]:
+    """Serve an aiohttp app with ``AppRunner`` and ``TCPSite``; yield its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    async with asyncio.timeout(STARTUP):
+        await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        async with asyncio.timeout(STARTUP):
+            await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        async with asyncio.timeout(SHUTDOWN):
+            await runner.cleanup()
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One example app and how to serve it."""
+
+    module: ModuleType
+    serve: Callable[[Any], AbstractAsyncContextManager[str]]
+
+    def running(
+        self,
+        url: str,
+        client_name: str,
+        *,
+        ttl: float = 5.0,
+        lock_timeout: float = 10.0,
+        pause: float = PAUSE,
+        unlocked_demo: bool = False,
+    ) -> AbstractAsyncContextManager[str]:
+        """Make the app with these settings and serve it; the context yields its base URL."""
+        settings = self.module.Settings(ttl=ttl, lock_timeout=lock_timeout, pause=pause)
+        app = self.module.create_app(
+            url, client_name=client_name, settings=settings, unlocked_demo=unlocked_demo
+        )
+        return self.serve(app)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(Framework(fastapi_app, serve_with_uvicorn), id="fastapi"),
+        pytest.param(Framework(aiohttp_app, serve_with_aiohttp), id="aiohttp"),
+    ]
+)
+def framework(request: pytest.FixtureRequest) -> Framework:
+    """Each test runs on both examples."""
+    chosen: Framework = request.param
+    return chosen
+
+
+@pytest.fixture
+def client_name() -> str:
+    """The name the app's Redis connections give the server, unique to the test."""
+    return f"aiolock-web-example-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def items(admin: redis.Redis, name: str) -> AsyncIterator[list[str]]:
+    """Item ids no other test uses; their stock keys are deleted after the test."""
+    ids = [f"{name}-{i}" for i in range(ITEMS)]
+    yield ids
+    await admin.delete(*(f"stock:{item}" for item in ids))
+
+
+@pytest.fixture
+async def tasks_before() -> set[asyncio.Task[Any]]:
+    """The tasks that ran before the test started the app."""
+    return asyncio.all_tasks()
+
+
+def session(base: str) -> aiohttp.ClientSession:
+    """An HTTP client for the app at ``base``, with no limit on concurrent connections."""
+    return aiohttp.ClientSession(
+        base_url=base,
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=REQUESTS),
+    )
+
+
+async def restock(http: aiohttp.ClientSession, item: str, quantity: int) -> None:
+    """Add ``quantity`` units of ``item`` through the app."""
+    async with http.post(f"/items/{item}/restock", params={"quantity": quantity}) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def buy_concurrently(
+    http: aiohttp.ClientSession, items: list[str], route: str
+) -> dict[str, list[tuple[int, Any]]]:
+    """``BUYERS`` concurrent purchases per item, interleaved; (status, body) per item."""
+
+    async def buy(item: str) -> tuple[str, int, Any]:
+        async with http.post(f"/items/{item}/{route}") as resp:
+            return item, resp.status, await resp.json()
+
+    async with asyncio.timeout(REQUESTS):
+        done = await asyncio.gather(*(buy(item) for _ in range(BUYERS) for item in items))
+    outcomes: dict[str, list[tuple[int, Any]]] = {item: [] for item in items}
+    for item, status, body in done:
+        outcomes[item].append((status, body))
+    return outcomes
+
+
+def app_tasks(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+    """Tasks started since ``before`` (by the server, the app or aiolock) that still run."""
+    me = asyncio.current_task()
+    return {t for t in asyncio.all_tasks() if t not in before and t is not me and not t.done()}
+
+
+async def assert_shut_down_cleanly(
+    admin: redis.Redis, client_name: str, name: str, before: set[asyncio.Task[Any]]
+) -> None:
+    """The stopped app left no connection named ``client_name``, no lock key, no task."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        connections = [c for c in await admin.client_list() if c.get("name") == client_name]
+        tasks = app_tasks(before)
+        if (not connections and not tasks) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert connections == [], f"the app's Redis client was not closed: {connections}"
+    assert tasks == set(), f"tasks outlived the app: {sorted(t.get_name() for t in tasks)}"
+    assert await admin.keys(f"aiolock:*{name}*") == [], "a lock key was left on the server"
+
+
+async def test_concurrent_buys_never_oversell(
+    framework: Framework,
+    server: RedisServer,
+    admin: redis.Redis,
+    name: str,
+    items: list[str],
+    client_name: str,
+    tasks_before: set[asyncio.Task[Any]],
+) -> None:
+    """30 concurrent buys per item on stock 10: exactly 10 sell, each unit once, stock ends at 0."""
+    async with framework.running(server.url, client_name) as base, session(base) as http:
+        for item in items:
+            await restock(http, item, STOCK)
+        outcomes = await buy_concurrently(http, items, "buy")
+        for item in items:
+            sold = sorted(body["remaining"] for status, body in outcomes[item] if status == 200)
+            assert sold == list(range(STOCK)), f"{item}: units sold {sold}"
+            refused = [(status, body["detail"]) for status, body in outcomes[item] if status != 200]
+            assert refused == [(409, f"item {item!r} is sold out")] * (BUYERS - STOCK)
+            async with http.get(f"/items/{item}") as resp:
+                assert await resp.json() == {"item": item, "stock": 0}
+            assert await admin.get(f"stock:{item}") == "0"
+    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
+
+
+async def test_without_the_lock_the_same_load_oversells(
+    framework: Framework,
+    server: RedisServer,
+    admin: redis.Redis,
+    name: str,
+    items: list[str],
+    client_name: str,
+    tasks_before: set[asyncio.Task[Any]],
+) -> None:
+    """The demonstration route (the purchase without the lock) sells more than the stock.
+
+    This is what makes the test above able to fail: the same read-modify-write
+    under the same load, minus the lock, sells some units several times.
+    """
+    async with (
+        framework.running(server.url, client_name, unlocked_demo=True) as base,
+        session(base) as http,
+    ):
+        for item in items:
+            await restock(http, item, STOCK)
+        outcomes = await buy_concurrently(http, items, "buy-unlocked")
+    for item in items:
+        sold = [body["remaining"] for status, body in outcomes[item] if status == 200]
+        assert len(sold) > STOCK, f"{item}: only {len(sold)} sold without the lock"
+        assert max(Counter(sold).values()) > 1, f"{item}: no unit was sold twice"
+        assert all(remaining >= 0 for remaining in sold)
+    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
+
+
+async def test_a_busy_item_answers_503_with_retry_after(
+    framework: Framework,
+    server: RedisServer,
+    client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    items: list[str],
+    client_name: str,
+    tasks_before: set[asyncio.Task[Any]],
+) -> None:
+    """Held elsewhere past the app's lock timeout: buy and restock answer 503 + Retry-After."""
+    item = items[0]
+    async with (
+        framework.running(server.url, client_name, lock_timeout=0.2) as base,
+        session(base) as http,
+    ):
+        await restock(http, item, 1)
+        async with AsyncLock(client, f"item:{item}", ttl=10.0, timeout=1.0):
+            for route in ("buy", "restock"):
+                started = time.monotonic()
+                async with http.post(f"/items/{item}/{route}") as resp:
+                    assert resp.status == 503, await resp.text()
+                    assert resp.headers["Retry-After"] == "1"
+                    detail = (await resp.json())["detail"]
+                assert detail.startswith("the item is busy, try again later"), detail
+                assert time.monotonic() - started >= 0.15, "answered before the lock timeout"
+            assert await admin.get(f"stock:{item}") == "1"
+        async with http.post(f"/items/{item}/buy") as resp:  # free again: it sells
+            assert resp.status == 200, await resp.text()
+            assert await resp.json() == {"item": item, "remaining": 0}
+    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
+
+
+async def test_a_lock_lost_during_a_purchase_answers_503(
+    framework: Framework,
+    server: RedisServer,
+    admin: redis.Redis,
+    name: str,
+    items: list[str],
+    client_name: str,
+    tasks_before: set[asyncio.Task[Any]],
+) -> None:
+    """The lock key vanishes mid-purchase: renewal finds it gone; 503 "outcome unknown"."""
+    item = items[0]
+    lock_key = f"aiolock:{{item:{item}}}"
+    async with (
+        framework.running(server.url, client_name, ttl=0.3, pause=0.6) as base,
+        session(base) as http,
+    ):
+        await restock(http, item, 1)
+
+        async def buy() -> tuple[int, Any]:
+            async with http.post(f"/items/{item}/buy") as resp:
+                return resp.status, await resp.json()
+
+        purchase = asyncio.create_task(buy())
+        deadline = time.monotonic() + STARTUP
+        while not await admin.exists(lock_key):  # the handler holds the lock, then pauses
+            assert not purchase.done(), await purchase
+            assert time.monotonic() < deadline, "the purchase never took the lock"
+            await asyncio.sleep(0.005)
+        await admin.delete(lock_key)  # within its 0.6 s pause; renewal runs every 0.1 s
+        async with asyncio.timeout(REQUESTS):
+            status, body = await purchase
+    assert status == 503, body
+    assert body["detail"].startswith("outcome unknown: the item's lock was lost"), body
+    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
+
+
+async def test_stopping_the_app_closes_its_connections_and_tasks(
+    framework: Framework,
+    server: RedisServer,
+    client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    items: list[str],
+    client_name: str,
+    tasks_before: set[asyncio.Task[Any]],
+) -> None:
+    """A purchase waited (pool and release-listener connections open); after stop none is left."""
+    item = items[0]
+
+    async def named_connections() -> int:
+        return sum(c.get("name") == client_name for c in await admin.client_list())
+
+    async with framework.running(server.url, client_name) as base, session(base) as http:
+        await restock(http, item, 1)
+        async with AsyncLock(client, f"item:{item}", ttl=10.0, timeout=1.0):
+            pending = asyncio.create_task(http.post(f"/items/{item}/buy"))
+            deadline = time.monotonic() + STARTUP
+            while await named_connections() < 2:  # its pool's, and the listener's
+                assert not pending.done(), "the purchase ended while the lock was held"
+                assert time.monotonic() < deadline, "no release listener connected"
+                await asyncio.sleep(0.01)
+        async with asyncio.timeout(REQUESTS):
+            resp = await pending
+        async with resp:
+            assert resp.status == 200, await resp.text()
+    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
