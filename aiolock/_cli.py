@@ -72,7 +72,8 @@ _EXIT_DEMO = """\
   0        every acquisition done, no overlap
   1        a failure (an overlap, a worker error)
   2        bad usage
-  69       the server given by --url or $AIOLOCK_URL could not be reached"""
+  69       the server given by --url or $AIOLOCK_URL could not be reached, or
+           without one, no server binary was found to start one"""
 
 _EXIT_ALL = """\
   0        run: the command exited 0; status: the lock is held; demo: no failure
@@ -364,6 +365,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from ._demo import DemoConfig, run_demo  # imported here to keep --help fast
     from ._run import EX_UNAVAILABLE, unavailable_message
+    from .testing import ServerNotFoundError
 
     config = DemoConfig(
         url=args.url,
@@ -375,6 +377,9 @@ def _demo(args: argparse.Namespace) -> int:
     )
     try:
         return run_demo(config)
+    except ServerNotFoundError as exc:  # no URL, and no server binary to start one
+        print(f"aiolock: cannot start a server for the demo: {exc}", file=sys.stderr, flush=True)
+        return EX_UNAVAILABLE
     except (RedisError, RedisClusterException, OSError) as exc:
         url = args.url or os.environ.get("AIOLOCK_URL") or ""
         print(unavailable_message(exc, url), file=sys.stderr, flush=True)

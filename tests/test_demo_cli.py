@@ -92,3 +92,17 @@ def test_version_and_help() -> None:
     help_text = run_cli("--help")
     assert help_text.returncode == 0
     assert "demo" in help_text.stdout
+
+
+def test_demo_without_a_url_or_a_server_binary_says_how_to_get_one() -> None:
+    """No URL and no usable server binary: exit 69 with one line saying how to get one."""
+    result = run_cli(
+        "demo",
+        env={"AIOLOCK_URL": "", "AIOLOCK_SERVER_BIN": "/nonexistent/redis-server"},
+    )
+    assert result.returncode == 69, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("aiolock: cannot start a server for the demo:")
+    assert "AIOLOCK_SERVER_BIN" in lines[0]
+    assert "Traceback" not in result.stderr
