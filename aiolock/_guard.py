@@ -30,14 +30,19 @@ R = TypeVar("R")
 _Client = Redis | RedisCluster
 
 
-def _template_fields(template: str) -> list[str]:
-    """The argument names a ``str.format`` template uses (``{order.id}`` uses ``order``)."""
+def _template_fields(template: str, part: str | None = None) -> list[str]:
+    """The argument names a ``str.format`` template uses (``{order.id}`` uses ``order``).
+
+    Fields nested in a format spec (``{amount:{width}}``) count too.
+    """
     fields: list[str] = []
     try:
-        parsed = list(string.Formatter().parse(template))
+        parsed = list(string.Formatter().parse(template if part is None else part))
     except ValueError as exc:
         raise ValueError(f"name {template!r} is not a valid format template: {exc}") from None
-    for _text, field, _spec, _conversion in parsed:
+    for _text, field, spec, _conversion in parsed:
+        if spec:
+            fields.extend(_template_fields(template, spec))
         if field is None:
             continue
         head = field.split(".", 1)[0].split("[", 1)[0]
@@ -71,7 +76,10 @@ def guard(
             client that only exists once the application has started).
         name: the name template, or a callable returning the name.
         **options: :class:`AsyncLock` keyword options (``ttl``, ``timeout``,
-            ``backoff``, ``fencing``, ...), checked when decorating.
+            ``backoff``, ``fencing``, ...), checked when decorating (against
+            a plain client when ``client`` is a callable: a refusal that
+            depends on the client's kind, such as ``replicas`` on a
+            ``RedisCluster``, comes at the call). Not ``reentrant``.
 
     Returns:
         A decorator for coroutine functions. The wrapped function keeps its
@@ -89,13 +97,23 @@ def guard(
     :class:`LockLostError` after the function returned if the lock was lost
     meanwhile (its result is then discarded; with ``cancel_on_lost=True`` the
     function is cancelled at the loss), and the function's own exceptions.
-    A call that needs the lock object itself (to read :attr:`AsyncLock.fence`)
-    is better written with ``async with AsyncLock(...)`` in its body.
+    Each call makes its own lock object, so a guarded call that calls itself
+    (or another guarded function) for the same name raises
+    :class:`LockError`, as re-acquiring a held lock does. A call that needs
+    the lock object itself (to read :attr:`AsyncLock.fence`, or check
+    :attr:`AsyncLock.lost` right before a write) is better written with
+    ``async with AsyncLock(...)`` in its body.
     """
     if not (isinstance(client, (Redis, RedisCluster)) or callable(client)):
         raise TypeError(
             "client must be a redis.asyncio.Redis or RedisCluster, or a callable returning "
             f"one, got {client!r}"
+        )
+    if "reentrant" in options:
+        raise TypeError(
+            "guard() does not take reentrant: each call makes its own lock object, so a "
+            "nested call for the same name raises LockError; nest `async with` on one "
+            "AsyncLock(..., reentrant=True) instead"
         )
     if isinstance(name, str):
         if not name:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._lock import AsyncLock
     from ._redlock import Redlock
 
-__all__ = ["HoldingLock", "current_task"]
+__all__ = ["Contention", "HoldingLock", "current_task"]
 
 logger = logging.getLogger("aiolock")
 
@@ -39,6 +39,20 @@ def current_task() -> asyncio.Task[Any]:
     if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
         raise RuntimeError("aiolock must be used from inside an asyncio task")
     return task
+
+
+class Contention:
+    """What one ``acquire()`` call saw: whether someone else had the lock first.
+
+    Set when the caller queued behind another task of its process, or when an
+    attempt found another holder's key (not when an attempt merely failed:
+    an error, a late reply, replicas that did not acknowledge).
+    """
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
 
 
 class HoldingLock:
@@ -126,8 +140,6 @@ class HoldingLock:
             fence = holding.fence
             if kind in ("released", "lost"):
                 held = time.monotonic() - holding.acquired_at
-            elif kind == "acquired":
-                contended = holding.contended
         emit(
             LockEvent(
                 kind,
@@ -140,6 +152,16 @@ class HoldingLock:
                 reason=reason,
                 error=error,
             )
+        )
+
+    def _gave_up(self, started: float, contention: Contention, error: BaseException | None) -> None:
+        """Report an ``acquire()`` that did not get the lock: it returned False, or raised."""
+        self._event(
+            "not_acquired",
+            None,
+            waited=time.monotonic() - started,
+            contended=contention.seen,
+            error=error,
         )
 
     def _renewed(self, holding: Holding, error: BaseException | None) -> None:

@@ -22,7 +22,7 @@ from . import _notify
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation, run_shielded
 from ._exceptions import LockError, LockLostError, LockNotOwnedError
-from ._holder import HoldingLock
+from ._holder import Contention, HoldingLock
 from ._holder import current_task as _current_task
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
@@ -52,6 +52,8 @@ _GRACE: Final = 0.1
 _CLEANUP_BOUND: Final = 1.0
 #: The reply of a first attempt (a bare ``SET``) that failed: the remaining lease is unknown.
 _UNKNOWN_PTTL: Final = -3
+#: The PTTL of a failed attempt that had the lock but not the replicas' acknowledgement.
+_UNACKNOWLEDGED: Final = -4
 
 
 class _Unset:
@@ -492,42 +494,60 @@ class AsyncLock(HoldingLock):
             deadline = None
         else:
             deadline = started + wait
+        contention = Contention()
+        try:
+            holding = await self._take(task, started, deadline, contention)
+        except BaseException as exc:
+            self._gave_up(started, contention, exc)
+            raise
+        if holding is None:
+            self._gave_up(started, contention, None)
+            return False
+        self._event(
+            "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
+        )
+        return True
+
+    async def _take(
+        self,
+        task: asyncio.Task[Any],
+        started: float,
+        deadline: float | None,
+        contention: Contention,
+    ) -> Holding | None:
+        """Get the lock for ``task``: through the local queue, then on the server."""
         baseline = cancelling(task)
         queue = queue_for(self._queues, self._key)
-        took = queue.take(task)
-        if took:
+        if queue.take(task):
             ticket: Grant | Turn | Yield | None = Turn.CONTEND
         else:
+            contention.seen = True  # another task of this process had it, or was first in line
             ticket = await queue.enter(task, self, deadline, deadline is None or deadline > started)
         if ticket is None:
-            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
-            return False
+            return None
         try:
             if isinstance(ticket, Grant):
                 if time.monotonic() < ticket.sent + self._ttl:
-                    handed = self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
-                    handed.contended = True
-                    self._event("acquired", handed, waited=time.monotonic() - started)
-                    return True
+                    return self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
                 # The releaser's hand-over took longer than our lease: not a lock.
                 await self._undo(ticket.token)
                 ticket = Turn.CONTEND
             pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
-            holding = await self._contend(task, deadline, baseline, pause)
+            holding = await self._contend(task, deadline, baseline, pause, contention)
         except BaseException:
             queue.leave()
             raise
         if holding is None:
             queue.leave()
-            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
-            return False
-        if not took:
-            holding.contended = True  # it queued behind a local holder first
-        self._event("acquired", holding, waited=time.monotonic() - started)
-        return True
+        return holding
 
     async def _contend(
-        self, task: asyncio.Task[Any], deadline: float | None, baseline: int, wait_first: float
+        self,
+        task: asyncio.Task[Any],
+        deadline: float | None,
+        baseline: int,
+        wait_first: float,
+        contention: Contention,
     ) -> Holding | None:
         """Try on the server until acquired or past the deadline (we hold the baton).
 
@@ -540,7 +560,8 @@ class AsyncLock(HoldingLock):
         lock's waiting marker for that long (plus ``MARK_SLACK``), so that a
         holder elsewhere handing the lock from task to task in its own process
         sees this waiter even when it cannot be notified, and lets it go first
-        (see :mod:`aiolock._waiting`). Giving up takes the marker down.
+        (see :mod:`aiolock._waiting`). Giving up takes the marker down. An
+        attempt that finds another holder's key is noted in ``contention``.
         """
         subscription: _notify.Subscription | None = None
         waiter: str | None = None  # our id in the marker, once we raised it
@@ -551,7 +572,6 @@ class AsyncLock(HoldingLock):
             drawn = False  # `step` is already the pause after the attempt in flight
             plain = not (self._fencing or self._replicas)  # the first attempt is a bare SET
             seen: int | None = None
-            attempts = 0
             if wait_first:
                 # Waiters elsewhere were told to go first; if none has taken the lock by
                 # then, try anyway. A plain sleep: the release message of the yield itself
@@ -583,7 +603,8 @@ class AsyncLock(HoldingLock):
                         waiter = secrets.token_hex(8)
                 sent = time.monotonic()
                 reply = await self._attempt(token, deadline, waiter, mark_ms)
-                attempts += 1
+                if reply is not None and not reply[0] and reply[1] != _UNACKNOWLEDGED:
+                    contention.seen = True
                 if cancelling(task) > baseline:
                     if reply is not None and reply[0]:
                         await self._undo(token)
@@ -593,7 +614,6 @@ class AsyncLock(HoldingLock):
                     if now < sent + self._ttl:
                         fence = int(reply[1]) if self._fencing else None
                         holding = self._hold(task, token, sent, fence)
-                        holding.contended = attempts > 1 or wait_first > 0
                         return holding
                     # The reply came after the lease it granted had run out: not a lock.
                     await self._undo(token)
@@ -679,8 +699,8 @@ class AsyncLock(HoldingLock):
         Sent as one pipeline: the acquire script, then ``WAIT`` (or
         ``WAITAOF``) on the same connection, so that it waits for this very
         write. Returns like :meth:`_attempt`; an acquisition without the
-        acknowledgement in time is undone and reported as ``[0, -1]`` (a
-        failed attempt with no lease to wait for).
+        acknowledgement in time is undone and reported as
+        ``[0, _UNACKNOWLEDGED]`` (a failed attempt with no lease to wait for).
         """
         try:
             if deadline is None:
@@ -705,7 +725,7 @@ class AsyncLock(HoldingLock):
                 self._replica_timeout,
                 acked,
             )
-            return [0, -1]
+            return [0, _UNACKNOWLEDGED]
         return taken
 
     async def _acquire_and_wait(
@@ -934,6 +954,9 @@ class AsyncLock(HoldingLock):
                 self._report_loss(holding, "the key was gone or held by another holder at release")
         finally:
             self._pass_baton(holding)
+            if not holding.lost:
+                # Given up: deleted, or (cancelled, failed) undone or left to its lease.
+                self._event("released", holding)
             if holding.renewal is not None or holding.callbacks:
                 await self._settle(holding)
         if not deleted:
@@ -942,7 +965,6 @@ class AsyncLock(HoldingLock):
                 "(its lease ran out); the key was left alone"
             )
         logger.debug("released lock %r", self._name)
-        self._event("released", holding)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
 

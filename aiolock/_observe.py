@@ -52,10 +52,14 @@ class LockEvent:
 
             - ``"acquired"``: :meth:`~aiolock.AsyncLock.acquire` got the lock
               (not counting re-entries of a reentrant lock);
-            - ``"not_acquired"``: it returned False (the timeout passed, or
-              ``blocking=False`` found the lock held);
-            - ``"released"``: a holding ended by a release that found the key
-              still ours;
+            - ``"not_acquired"``: it did not get the lock: it returned False
+              (the timeout passed, or ``blocking=False`` found the lock
+              held), or it raised (``error`` says what: a cancellation, as by
+              ``asyncio.timeout``, or a redis-py error);
+            - ``"released"``: a holding was given up by ``release()`` without
+              having been lost: the key was deleted (or, when the release
+              failed or was cancelled, undone or left to expire with its
+              lease);
             - ``"renewed"``: the lease was reset, by the watchdog or by
               :meth:`~aiolock.AsyncLock.extend`;
             - ``"renewal_failed"``: a watchdog renewal raised; it is retried
@@ -67,13 +71,16 @@ class LockEvent:
         name: the lock's name.
         waited: ``acquired`` and ``not_acquired``: seconds from the call of
             ``acquire()`` to its outcome.
-        contended: ``acquired``: True if the lock was not free at the first
-            try (another holder, here or elsewhere, had it first);
-            ``not_acquired`` is always contended.
+        contended: ``acquired`` and ``not_acquired``: True if someone else
+            had the lock first: the caller queued behind another task of its
+            process, or an attempt found another holder's key. Attempts that
+            failed otherwise (an error, no answer in time, replicas that did
+            not acknowledge) do not count.
         held: ``released`` and ``lost``: seconds since the lock was acquired.
         fence: the holding's fencing number (``fencing=True`` only).
         reason: ``lost``: why, in words.
-        error: ``renewal_failed``: the exception the renewal raised.
+        error: ``renewal_failed``: the exception the renewal raised;
+            ``not_acquired``: the exception ``acquire()`` raised, if it raised.
     """
 
     kind: EventKind

@@ -37,7 +37,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation
 from ._exceptions import LockError, LockLostError, LockNotOwnedError
-from ._holder import HoldingLock
+from ._holder import Contention, HoldingLock
 from ._holder import current_task as _current_task
 from ._lock import (
     _TRANSPORT,
@@ -572,42 +572,58 @@ class Redlock(HoldingLock):
             deadline = None
         else:
             deadline = started + wait
+        contention = Contention()
+        try:
+            holding = await self._take(task, deadline, contention)
+        except BaseException as exc:
+            self._gave_up(started, contention, exc)
+            raise
+        if holding is None:
+            self._gave_up(started, contention, None)
+            return False
+        self._event(
+            "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
+        )
+        return True
+
+    async def _take(
+        self, task: asyncio.Task[Any], deadline: float | None, contention: Contention
+    ) -> Holding | None:
+        """Get the lock for ``task``: past the local gate, then on a majority of the nodes."""
         baseline = cancelling(task)
-        queued = self._gate.locked()
+        if self._gate.locked():
+            contention.seen = True  # another task of this process holds it or is trying
         if deadline is None:
             await self._gate.acquire()
         else:
             with Cutoff(deadline) as cutoff:
                 await self._gate.acquire()
             if cutoff.expired:
-                self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
-                return False
+                return None
         try:
-            holding = await self._contend(task, deadline, baseline)
+            holding = await self._contend(task, deadline, baseline, contention)
         except BaseException:
             self._gate.release()
             raise
         if holding is None:
             self._gate.release()
-            self._event("not_acquired", None, waited=time.monotonic() - started, contended=True)
-            return False
-        holding.contended = holding.contended or queued
-        self._event("acquired", holding, waited=time.monotonic() - started)
-        return True
+        return holding
 
     async def _contend(
-        self, task: asyncio.Task[Any], deadline: float | None, baseline: int
+        self,
+        task: asyncio.Task[Any],
+        deadline: float | None,
+        baseline: int,
+        contention: Contention,
     ) -> Holding | None:
         """Attempt until acquired or past the deadline, pausing per the backoff between."""
         delays: Iterator[float] | None = None
         step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
         late_since: float | None = None  # since when every attempt found every node late
-        attempts = 0
         while True:
-            attempts += 1
             token = secrets.token_hex(16)
             try:
-                sent = await self._attempt(token)
+                sent = await self._attempt(token, contention)
             except _AllLate as late:
                 # Every node missed node_timeout: most often our own loop was busy. Try
                 # again while the caller's timeout allows; without one, for one lease.
@@ -622,9 +638,7 @@ class Redlock(HoldingLock):
                 if cancelling(task) > baseline:  # a cancellation swallowed below us
                     await self._clear(token)
                     await honour_cancellation(task, baseline)
-                holding = self._hold(task, token, sent)
-                holding.contended = attempts > 1
-                return holding
+                return self._hold(task, token, sent)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return None
@@ -635,7 +649,7 @@ class Redlock(HoldingLock):
             await anyio.sleep(delay)
             await honour_cancellation(task, baseline)
 
-    async def _attempt(self, token: str) -> float | None:
+    async def _attempt(self, token: str, contention: Contention) -> float | None:
         """One attempt on every node: the time it was sent if it won, else None.
 
         A lost attempt, an interrupted one and one that every node failed
@@ -654,6 +668,8 @@ class Redlock(HoldingLock):
             raise
         elapsed = time.monotonic() - sent
         granted = sum(1 for o in outcomes if o is True)
+        if any(o is None or o is False for o in outcomes):
+            contention.seen = True  # a node had another holder's key
         validity = self._ttl - elapsed - _drift(self._ttl)
         if granted >= self._quorum and validity > 0:
             return sent
@@ -791,6 +807,10 @@ class Redlock(HoldingLock):
             if holding.lost:
                 raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
             outcomes = await self._on_every_node(self._delete(holding.token), patient=True)
+        except BaseException:
+            if not holding.lost:
+                self._event("released", holding)  # given up; the nodes' leases expire the rest
+            raise
         finally:
             self._pass_baton(holding)
             if holding.renewal is not None or holding.callbacks:
@@ -799,6 +819,7 @@ class Redlock(HoldingLock):
         if deleted < self._quorum:
             failed = [o for o in outcomes if isinstance(o, Exception)]
             if deleted + len(failed) >= self._quorum:
+                self._event("released", holding)  # given up; the nodes' leases expire the rest
                 raise failed[-1]
             self._report_loss(holding, "a majority of the nodes no longer held our key at release")
             await self._settle(holding)  # an async on_lost

@@ -47,7 +47,6 @@ class Holding:
     __slots__ = (
         "acquired_at",
         "callbacks",
-        "contended",
         "depth",
         "ended",
         "fence",
@@ -73,7 +72,6 @@ class Holding:
         self.renewed_at = sent
         self.lease_end = sent + ttl
         self.acquired_at = sent
-        self.contended = False
         self.fence = fence
         self.depth = 1
         self.lost = False

@@ -14,7 +14,8 @@ instrument                       kind       unit   recorded
 ===============================  =========  =====  ===========================================
 ``aiolock.acquisitions``         counter    1      each ``acquire()`` outcome; attributes
                                                    ``aiolock.outcome`` (``acquired`` or
-                                                   ``not_acquired``), ``aiolock.contended``
+                                                   ``not_acquired``), ``aiolock.contended``,
+                                                   and ``error.type`` when it raised
 ``aiolock.acquire.duration``     histogram  s      the wait, same attributes
 ``aiolock.hold.duration``        histogram  s      from acquisition to release or loss;
                                                    ``aiolock.outcome`` (``released``/``lost``)
@@ -112,6 +113,8 @@ class OpenTelemetryObserver:
         if kind in ("acquired", "not_acquired"):
             attributes["aiolock.outcome"] = kind
             attributes["aiolock.contended"] = event.contended
+            if event.error is not None:
+                attributes["error.type"] = type(event.error).__qualname__
             self._acquisitions.add(1, attributes)
             if event.waited is not None:
                 self._acquire_duration.record(event.waited, attributes)

@@ -197,7 +197,16 @@ def create_app(
     app.cleanup_ctx.append(redis_client)
 
     # Each call runs under ``async with AsyncLock(app[REDIS], f"item:{item_id}", ...)``.
-    @guard(lambda: app[REDIS], "item:{item_id}", ttl=settings.ttl, timeout=settings.lock_timeout)
+    # guard() does not hand the lock to the function, so it cannot check ``lock.lost``
+    # before its write: cancel_on_lost=True cancels the call at the loss instead, and
+    # the stale read is never written (LockLostError, a 503, comes out of the call).
+    @guard(
+        lambda: app[REDIS],
+        "item:{item_id}",
+        ttl=settings.ttl,
+        timeout=settings.lock_timeout,
+        cancel_on_lost=True,
+    )
     async def purchase(item_id: str, quantity: int = 1) -> int | None:
         return await take(app[REDIS], item_id, quantity, settings.pause)
 

@@ -95,11 +95,25 @@ def lock_name(item_id: str) -> str:
     return f"item:{item_id}"
 
 
-async def take(client: redis.Redis, item_id: str, quantity: int, pause: float) -> int | None:
+async def take(
+    client: redis.Redis, item_id: str, quantity: int, pause: float, lock: AsyncLock | None = None
+) -> int | None:
     """Take ``quantity`` units of the item: a read-modify-write, safe only under its lock.
+
+    Args:
+        client: the Redis client.
+        item_id: the item.
+        quantity: how many units.
+        pause: seconds of simulated work between the read and the write.
+        lock: the item's lock, held by the caller: checked right before the
+            write, so that a holder whose lease ran out meanwhile (renewal
+            failed, the event loop was blocked) does not write.
 
     Returns:
         The stock left, or None if there was not enough (nothing is taken).
+
+    Raises:
+        HTTPException: 503, the lock was lost before the write (nothing is taken).
     """
     key = stock_key(item_id)
     stock = int(await client.get(key) or 0)
@@ -108,6 +122,15 @@ async def take(client: redis.Redis, item_id: str, quantity: int, pause: float) -
     # The work between the read and the write (pricing, payment, ...). Without
     # the lock, other buyers read the same stock meanwhile and all of them sell.
     await asyncio.sleep(pause)
+    if lock is not None and lock.lost:
+        # Another buyer may hold the lock now: writing our stale read would undo
+        # their sale. (A write that the store itself must refuse takes a fence:
+        # see examples/fenced_write.py.)
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the lock of item {item_id!r} was lost before the sale was written; "
+            "nothing was sold, try again",
+        )
     await client.set(key, stock - quantity)
     return stock - quantity
 
@@ -173,7 +196,7 @@ async def buy(
     """Buy ``quantity`` units: 409 when sold out, 503 when the item stays busy."""
     # ``lock`` is held for this whole body: no other buyer of this item (in
     # any process) is between its read and its write now.
-    remaining = await take(client, item_id, quantity, settings.pause)
+    remaining = await take(client, item_id, quantity, settings.pause, lock)
     if remaining is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"item {item_id!r} is sold out")
     return Purchase(item=item_id, remaining=remaining)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 
-from aiolock import AcquireTimeout, AsyncLock, LockLostError, guard
+from aiolock import AcquireTimeout, AsyncLock, LockError, LockLostError, guard
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -189,6 +189,7 @@ async def test_the_wrapper_keeps_name_docstring_and_signature(client: redis.Redi
         (None, "x", {"ttl": -1}, ValueError, "ttl"),
         (None, "x", {"timeout": "soon"}, TypeError, "timeout"),
         (None, "x", {"tll": 1}, TypeError, "tll"),
+        (None, "x", {"reentrant": True}, TypeError, "does not take reentrant"),
     ],
 )
 async def test_bad_arguments_fail_when_decorating(
@@ -221,6 +222,37 @@ async def test_a_template_field_that_is_not_a_parameter_fails_at_decoration(
 
     with pytest.raises(ValueError, match=r"'order', which is not a parameter of .*settle"):
         decorate(settle)
+    with pytest.raises(ValueError, match=r"'width', which is not a parameter"):
+        guard(client, "order:{order_id:{width}}")(settle)
+
+
+async def test_format_specs_conversions_and_nested_spec_fields_fill_the_name(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """'{id:05d}', '{tag!s}' and a spec taken from another argument all fill the name."""
+    keys: list[str] = []
+
+    @guard(client, name + ":{order_id:05d}:{tag!s}:{note:>{width}}", ttl=5.0)
+    async def settle(order_id: int, tag: str, note: str = "n", width: int = 3) -> None:
+        keys.extend(str(k) for k in await admin.keys(f"*{{{name}:*"))
+
+    await settle(42, "a")
+    assert keys == [f"aiolock:{{{name}:00042:a:  n}}"]
+
+
+async def test_a_guarded_call_nested_in_another_for_the_same_name_raises_lock_error(
+    client: redis.Redis, name: str
+) -> None:
+    """Nesting guarded calls on one name in one task raises LockError rather than deadlocking."""
+
+    @guard(client, name + ":{n}", ttl=5.0, timeout=1.0)
+    async def countdown(n: int, depth: int = 0) -> int:
+        if depth == 1:
+            return n
+        return await countdown(n, depth + 1)
+
+    with pytest.raises(LockError):
+        await countdown(3)
 
 
 async def test_only_coroutine_functions_can_be_guarded(client: redis.Redis) -> None:

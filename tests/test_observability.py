@@ -8,6 +8,7 @@ OpenTelemetry SDK collected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,8 @@ import pytest
 import redis.asyncio as redis
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 import aiolock
 import aiolock.otel
@@ -48,6 +51,17 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out waiting for a condition"
         await asyncio.sleep(0.01)
+
+
+async def until_blocked(admin: redis.Redis) -> None:
+    """Wait (bounded) until the server holds a client back with CLIENT PAUSE."""
+    deadline = time.monotonic() + 5
+    while True:
+        info = await admin.info("clients")
+        if int(info["blocked_clients"]) > 0:
+            return
+        assert time.monotonic() < deadline, "no client was held back by CLIENT PAUSE"
+        await asyncio.sleep(0.005)
 
 
 async def make_renewal_fail(admin: redis.Redis, key: str) -> None:
@@ -217,6 +231,112 @@ async def test_not_acquiring_in_time_is_reported(
         assert missed[0].waited < 0.5
 
 
+async def test_a_cancelled_acquire_is_not_acquired_with_the_cancellation(
+    client: redis.Redis, other_client: redis.Redis, name: str, events: list[LockEvent]
+) -> None:
+    """asyncio.timeout around async with: one 'not_acquired' whose error is the cancellation."""
+    holder = AsyncLock(other_client, name, ttl=5.0)
+    assert await holder.acquire()
+    lock = AsyncLock(client, name, ttl=5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2), lock:
+                pass
+    finally:
+        await holder.release()
+    missed = [e for e in events if e.lock is lock]
+    assert [e.kind for e in missed] == ["not_acquired"]
+    assert isinstance(missed[0].error, asyncio.CancelledError)
+    assert missed[0].contended is True
+    assert missed[0].waited is not None
+    assert missed[0].waited >= 0.15
+
+
+async def test_an_acquire_that_fails_on_a_redis_error_is_not_acquired_and_not_contended(
+    name: str, events: list[LockEvent]
+) -> None:
+    """A server nobody listens on: one 'not_acquired' with the ConnectionError, not contended."""
+    dead = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
+    try:
+        lock = AsyncLock(dead, name, ttl=5.0)
+        with pytest.raises(redis.ConnectionError):
+            await lock.acquire(timeout=0.5)
+    finally:
+        await dead.aclose()
+    missed = [e for e in events if e.lock is lock]
+    assert [e.kind for e in missed] == ["not_acquired"]
+    assert isinstance(missed[0].error, redis.ConnectionError)
+    assert missed[0].contended is False
+
+
+async def test_attempts_refused_only_by_missing_replicas_are_not_contention(
+    client: redis.Redis, name: str, events: list[LockEvent]
+) -> None:
+    """replicas=1 on a server without replicas: never acknowledged, so not_acquired uncontended."""
+    lock = AsyncLock(client, name, ttl=5.0, replicas=1, replica_timeout=0.02)
+    assert not await lock.acquire(timeout=0.2)
+    missed = [e for e in events if e.lock is lock]
+    assert [e.kind for e in missed] == ["not_acquired"]
+    assert missed[0].contended is False
+    assert missed[0].error is None
+
+
+async def test_a_cancelled_release_still_reports_the_release_once(
+    client: redis.Redis, admin: redis.Redis, name: str, events: list[LockEvent]
+) -> None:
+    """release() cancelled while the server holds its script back: one 'released', no key left."""
+    lock = AsyncLock(client, name, ttl=5.0)
+    assert await lock.acquire()
+    await admin.client_pause(300, all=False)  # WRITE: EVALSHA is held back
+    try:
+        release = asyncio.create_task(lock.release())
+        await until_blocked(admin)
+        release.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await release
+    finally:
+        await admin.client_unpause()
+    deadline = time.monotonic() + 5
+    while await admin.exists(lock.key):
+        assert time.monotonic() < deadline, "the key was left behind"
+        await asyncio.sleep(0.01)
+    assert kinds(events, name) == ["acquired", "released"]
+
+
+async def test_every_acquire_reports_once_and_every_holding_ends_once(
+    client: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    events: list[LockEvent],
+) -> None:
+    """Mixed traffic with timeouts and a takeover: one outcome per call, one end per holding."""
+    locks = [AsyncLock(c, name, ttl=0.5, timeout=0.05) for c in (client, other_client)]
+    calls = 0
+
+    async def worker(lock: AsyncLock, rounds: int) -> None:
+        nonlocal calls
+        for _ in range(rounds):
+            calls += 1
+            if await lock.acquire():
+                await asyncio.sleep(0.01)
+                with contextlib.suppress(LockLostError):
+                    await lock.release()
+
+    async def takeover() -> None:
+        await asyncio.sleep(0.1)
+        await admin.set(f"aiolock:{{{name}}}", "someone else", px=50)
+
+    await asyncio.gather(*(worker(locks[i % 2], 15) for i in range(6)), takeover())
+    seen = [e for e in events if e.name == name]
+    outcomes = [e for e in seen if e.kind in ("acquired", "not_acquired")]
+    assert len(outcomes) == calls
+    acquired = sum(1 for e in seen if e.kind == "acquired")
+    ended = sum(1 for e in seen if e.kind in ("released", "lost"))
+    assert acquired == ended
+    assert any(e.kind == "not_acquired" for e in seen)
+
+
 async def test_renewals_by_the_watchdog_and_by_extend_are_reported(
     client: redis.Redis, name: str, events: list[LockEvent]
 ) -> None:
@@ -346,7 +466,7 @@ async def test_observer_registration_checks_its_argument() -> None:
 async def test_a_redlock_reports_the_same_events(
     private_server: Callable[..., RedisServer], name: str, events: list[LockEvent]
 ) -> None:
-    """Redlock over three masters: acquired, renewed and released events like AsyncLock's."""
+    """Redlock over three masters: acquired, renewed, released, and contended misses."""
     servers = [private_server() for _ in range(3)]
     clients = [redis.Redis.from_url(s.url) for s in servers]
     try:
@@ -361,6 +481,17 @@ async def test_a_redlock_reports_the_same_events(
         assert seen[-1].held is not None
         assert seen[-1].held >= 0.1
         assert set(kinds(events, name)) == {"acquired", "renewed", "released"}
+        # Another Redlock object holding it: the nodes refuse, so the miss is contended.
+        holder = Redlock(clients, name, ttl=5.0)
+        assert await holder.acquire()
+        waiter = Redlock(clients, name, ttl=5.0)
+        try:
+            assert not await waiter.acquire(timeout=0.1)
+        finally:
+            await holder.release()
+        (missed,) = [e for e in events if e.lock is waiter]
+        assert missed.kind == "not_acquired"
+        assert missed.contended is True
     finally:
         for c in clients:
             await c.aclose()
