@@ -23,9 +23,11 @@ N      ``run``: the command's own exit status, passed through.
 2      bad usage (argparse, an empty name, a malformed URL).
 3      ``status``: the lock is free.
 69     the server could not be reached or answered with an error
-       (``EX_UNAVAILABLE``).
-70     ``run``: the lock was lost while the command ran; the command was
-       terminated (SIGTERM, then SIGKILL after ``--grace``).
+       (``EX_UNAVAILABLE``); for ``run``, before the lock was acquired (the
+       command did not run) or when releasing it after the command ended.
+70     ``run``: the lock was lost: while the command ran (it was terminated:
+       SIGTERM, then SIGKILL after ``--grace``), before it started (it did
+       not run), or found at the release after it ended.
 75     ``run``: the lock was not acquired in time; the command did not run
        (``EX_TEMPFAIL``).
 126    ``run``: the command could not be executed.
@@ -33,6 +35,9 @@ N      ``run``: the command's own exit status, passed through.
 128+N  ``run``: the command died of signal N (or ``aiolock run`` got signal N
        while waiting for the lock, and did not run the command).
 ====== =====================================================================
+
+With a status of its own, ``run`` prints one ``aiolock:`` line saying why
+(see :mod:`aiolock._run`); with the command's, nothing.
 """
 
 from __future__ import annotations
@@ -52,15 +57,25 @@ __all__ = ["main"]
 _EXIT_RUN = """\
   0        the command exited 0
   N        the command's own exit status, passed through
-  2        bad usage
-  69       the server could not be reached or answered with an error
-  70       the lock was lost while the command ran; the command was terminated
-           (SIGTERM, then SIGKILL after --grace seconds)
+  2        bad usage (a bad option gets a usage message, not the one line)
+  69       the server could not be reached or answered with an error: before
+           the lock was acquired (the command did not run), or when releasing
+           it after the command ended (the lock expires within --ttl)
+  70       the lock was lost: while the command ran (it was sent SIGTERM, then
+           SIGKILL after --grace seconds), before it started (it did not run),
+           or found at the release after it ended (nothing was terminated)
   75       the lock was not acquired in time; the command did not run
   126      the command could not be executed
   127      the command was not found
   128+N    the command died of signal N (or aiolock got signal N while waiting
-           for the lock, and did not run the command)"""
+           for the lock, and did not run the command)
+
+With a status of its own, aiolock prints exactly one line on stderr that
+says why, starting with "aiolock:"; with the command's, nothing (-v adds the
+lock's log records). The first problem decides: after a 126, 127, 70 or a
+signal while waiting, what the release finds is neither printed nor changes
+the status; a 69 or 70 from the release replaces only the command's own
+status, which its line gives."""
 
 _EXIT_STATUS = """\
   0        the lock is held
@@ -82,7 +97,8 @@ _EXIT_ALL = """\
   2        bad usage
   3        status: the lock is free
   69       the server could not be reached or answered with an error (EX_UNAVAILABLE)
-  70       run: the lock was lost while the command ran; the command was terminated
+  70       run: the lock was lost (while the command ran, before it started,
+           or found at the release after it ended)
   75       run: the lock was not acquired in time; the command did not run (EX_TEMPFAIL)
   126      run: the command could not be executed
   127      run: the command was not found
@@ -197,8 +213,11 @@ def _parser(command_after_dashes: bool = False) -> _Parsers:
             "with COMMAND's exit status. The lease (--ttl) is renewed every ttl/3 while "
             "COMMAND runs. If the lock is lost meanwhile, COMMAND gets SIGTERM, then "
             "SIGKILL after --grace seconds. SIGHUP, SIGINT, SIGQUIT and SIGTERM sent to "
-            "aiolock are passed on to COMMAND, and the lock is held until it exits "
-            "(SIGINT and SIGQUIT only when not sent by the terminal to both already). "
+            "aiolock are passed on to COMMAND, and the lock is held until it exits; "
+            "but not SIGINT and SIGQUIT while aiolock is in its terminal's foreground "
+            "process group, whoever sent them (the terminal signals the whole group), "
+            "and not a signal that was ignored when aiolock started, which COMMAND "
+            "inherits ignored (so nohup works). "
             "COMMAND's environment gets AIOLOCK_LOCK_NAME, and AIOLOCK_FENCE with "
             "--fencing. Options go before NAME, or anywhere before the --."
         ),

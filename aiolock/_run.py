@@ -15,9 +15,13 @@ N      ``run``: the command's own exit status, passed through.
 2      bad usage (a wrong option, an empty name, a malformed URL).
 3      ``status``: the lock is free (like ``systemctl is-active``).
 69     the server could not be reached or answered with an error
-       (``EX_UNAVAILABLE``).
-70     ``run``: the lock was lost while the command ran; the command was sent
-       SIGTERM, then SIGKILL after ``--grace`` seconds (``EX_SOFTWARE``).
+       (``EX_UNAVAILABLE``). ``run``: before the lock was acquired (the
+       command did not run), or when releasing it after the command had
+       ended (the lock then expires within ``--ttl``).
+70     ``run``: the lock was lost (``EX_SOFTWARE``): while the command ran
+       (it was sent SIGTERM, then SIGKILL after ``--grace`` seconds); before
+       the command started (it was not run); or found at the release, after
+       the command had ended (nothing was terminated).
 75     ``run``: the lock was not acquired in time; the command did not run
        (``EX_TEMPFAIL``).
 126    ``run``: the command was found but could not be executed.
@@ -27,19 +31,32 @@ N      ``run``: the command's own exit status, passed through.
 ====== =====================================================================
 
 Whenever the status is aiolock's own rather than the command's, aiolock
-prints exactly one line on stderr that says why, starting with ``aiolock:``.
-A command that itself exits with 69, 70 or 75 cannot be told apart by status
-alone, only by the absence of that line.
+prints exactly one line on stderr that says why, starting with ``aiolock:``
+(with ``-v``, log records come too; bad options get argparse's usage
+message instead). When the status is the command's, aiolock prints nothing.
+The first problem decides: once the status is aiolock's own (126, 127, 70,
+a signal while waiting), what the release finds later (a loss, a server
+error) neither changes it nor prints a second line; a 69 or 70 from the
+release replaces only a status of the command's, and its line gives that
+status. A command that itself exits with 69, 70 or 75 cannot be told apart
+by status alone, only by the absence of that line.
 
 **Signals.** SIGHUP, SIGINT, SIGQUIT and SIGTERM received by ``aiolock run``
 while the command runs are passed on to it, and the lock is held until it
-has exited. SIGINT and SIGQUIT are not passed on while ``aiolock run`` is in
-its terminal's foreground process group: the terminal (Ctrl-C, Ctrl-Backslash) has
-sent them to the command already, and a second copy would interrupt the
-command's own clean-up. Signals go to the command's process only, not to its
-children: a shell script should ``exec`` its last command. If ``aiolock run``
-itself is killed with SIGKILL, the command runs on without the lock once the
-lease has run out.
+has exited. SIGINT and SIGQUIT are not passed on while ``aiolock run``'s
+process group is the foreground process group of its terminal, whoever sent
+them: the terminal (Ctrl-C, Ctrl-Backslash) sends them to that whole group,
+the command included, and a second copy would interrupt the command's own
+clean-up. A hangup of the terminal signals the whole group too, so the
+command gets SIGHUP twice: from the terminal and from aiolock. A signal of
+the four that is ignored when ``aiolock run`` starts (``nohup`` ignores
+SIGHUP) stays ignored: aiolock neither handles nor passes it on, and the
+command inherits the ignore. A signal that comes once the command has ended,
+while aiolock releases the lock and closes its connection, is ignored.
+Signals go to the command's process only, not to its children: a shell
+script should ``exec`` its last command. If ``aiolock run`` itself is killed
+with SIGKILL, the command runs on without the lock once the lease has run
+out.
 
 **Passwords.** Every message that shows a server URL shows it through
 :func:`redact_url`, and error texts from the client are scrubbed of the
@@ -348,13 +365,16 @@ class _Job:
         self.lost = False
         self.terminated_with: str | None = None  # SIGTERM or SIGKILL, after a loss
         self.kill_timer: asyncio.TimerHandle | None = None
+        self.reported = False  # whether say() printed the run's one line
+        self.closing = False  # the outcome is settled; only the client is left to close
 
     def was_lost(self) -> bool:
         """Whether ``on_lost`` ran (a method: the flag changes behind awaits)."""
         return self.lost
 
     def say(self, line: str) -> None:
-        """Print one of aiolock's own lines on stderr."""
+        """Print the run's one line on stderr: it comes with a status of aiolock's own."""
+        self.reported = True
         print(line, file=self.err, flush=True)
 
     async def main(self) -> int:
@@ -368,16 +388,25 @@ class _Job:
             )
             return EX_USAGE
         loop = asyncio.get_running_loop()
-        for signum in FORWARDED_SIGNALS:
+        # A signal ignored from the start (nohup, a shell's background job) stays ignored.
+        # With a handler here, exec would reset it to the default in the command, which
+        # would lose the ignore, and aiolock would pass the signal on besides.
+        handled = [s for s in FORWARDED_SIGNALS if signal.getsignal(s) != signal.SIG_IGN]
+        for signum in handled:
             loop.add_signal_handler(signum, self.on_signal, signum)
         try:
             return await self.locked(client)
         finally:
-            for signum in FORWARDED_SIGNALS:
-                loop.remove_signal_handler(signum)
             if self.kill_timer is not None:
                 self.kill_timer.cancel()
-            await _close(client)
+            self.closing = True  # on_signal ignores what comes now
+            try:
+                await _close(client)
+            finally:
+                # Only now: with the default handlers back, a Ctrl-C while the client
+                # closes (up to _DRAIN_BOUND) would end in a KeyboardInterrupt traceback.
+                for signum in handled:
+                    loop.remove_signal_handler(signum)
 
     async def locked(self, client: Client) -> int:
         """Acquire the lock, run the command under it, release it; the exit status."""
@@ -396,13 +425,15 @@ class _Job:
             self.say(f"aiolock: {exc}")
             return EX_USAGE
         acquired = False  # stays so if a signal cancels the wait
-        with anyio.CancelScope() as self.wait_scope:
-            try:
-                acquired = await lock.acquire()
-            except _SERVER_ERRORS as exc:
-                self.say(unavailable_message(exc, config.url))
-                return EX_UNAVAILABLE
-        self.wait_scope = None
+        try:
+            with anyio.CancelScope() as self.wait_scope:
+                try:
+                    acquired = await lock.acquire()
+                except _SERVER_ERRORS as exc:
+                    self.say(unavailable_message(exc, config.url))
+                    return EX_UNAVAILABLE
+        finally:
+            self.wait_scope = None
         if not acquired and not self.signals:
             if config.timeout == 0:
                 self.say(f"aiolock: lock {config.name!r} is held by someone else; did not wait")
@@ -413,12 +444,14 @@ class _Job:
                     f"gave up after {waited} s"
                 )
             return EX_TEMPFAIL
-        status: int | None = None
         try:
             status = await self.supervise(lock)
-        finally:
+        except BaseException as exc:  # a bug, not an outcome: it goes on, after the release
             if acquired:
-                status = await self.release(lock, status)
+                await self.release_after(lock, exc)
+            raise
+        if acquired:
+            status = await self.release(lock, status)
         return status
 
     async def supervise(self, lock: AsyncLock) -> int:
@@ -471,38 +504,70 @@ class _Job:
             return EX_LOST
         return _status_of(returncode)
 
-    async def release(self, lock: AsyncLock, status: int | None) -> int:
-        """Release the lock; return the final status (``status`` unless the release says else)."""
+    async def release(self, lock: AsyncLock, status: int) -> int:
+        """Release the lock; return the run's final status.
+
+        A status of aiolock's own (its line is printed already) stands: whatever
+        the release finds is neither printed nor allowed to change it, so a run
+        prints at most one line. The command's own status turns into
+        :data:`EX_LOST` if the lock is found lost now (the command had ended;
+        nothing was terminated), or :data:`EX_UNAVAILABLE` if the server fails
+        to release it (the key then expires within ``ttl``); the one line gives
+        the command's status.
+        """
         config = self.config
-        if self.lost:
-            with contextlib.suppress(LockNotOwnedError):
-                await lock.release()  # forgets the holding; never touches the server
-            return EX_LOST if status is None else status
+        if self.reported:
+            with contextlib.suppress(LockLostError, LockNotOwnedError, *_SERVER_ERRORS):
+                await lock.release()  # a lost holding is forgotten without a server call
+            return status
         try:
             await lock.release()
         except LockLostError:
-            if status is None:
-                return EX_LOST
             self.say(
                 f"aiolock: lock {config.name!r} was found lost when it was released "
                 f"(another holder may have run meanwhile); the command's exit status was {status}"
             )
             return EX_LOST
         except _SERVER_ERRORS as exc:
-            if status is None:
-                raise
             self.say(
                 f"{unavailable_message(exc, config.url)} (releasing lock {config.name!r}, "
                 f"which expires within {_seconds(config.ttl)} s; "
                 f"the command's exit status was {status})"
             )
             return EX_UNAVAILABLE
-        return EX_UNAVAILABLE if status is None else status
+        return status
+
+    async def release_after(self, lock: AsyncLock, error: BaseException) -> None:
+        """Release the lock while ``error`` propagates; a failed release is noted on it.
+
+        ``error`` is not an outcome (those are statuses) but a bug or an
+        interruption, so it propagates with its own traceback; a loss or a
+        server error found by the release is attached to it as a note instead
+        of replacing it.
+        """
+        config = self.config
+        try:
+            await lock.release()
+        except LockNotOwnedError:
+            pass
+        except LockLostError as exc:
+            error.add_note(f"aiolock: {exc}")
+        except _SERVER_ERRORS as exc:
+            error.add_note(
+                f"{unavailable_message(exc, config.url)} (releasing lock {config.name!r}, "
+                f"which expires within {_seconds(config.ttl)} s)"
+            )
 
     # -- callbacks (run by the event loop) ----------------------------------------------
 
     def on_signal(self, signum: int) -> None:
-        """A signal reached ``aiolock run``: pass it on, or stop waiting for the lock."""
+        """A signal reached ``aiolock run``: pass it on, or stop waiting for the lock.
+
+        Once the outcome is settled (the command ended or never started) it is
+        ignored: only the client is left to close.
+        """
+        if self.closing:
+            return
         if self.proc is not None:
             self.forward(signum)
             return

@@ -22,6 +22,7 @@ import sys
 import termios
 import textwrap
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,10 +60,12 @@ class Result:
 class Job:
     """A running ``aiolock`` process (in its own session)."""
 
-    def __init__(self, args: tuple[str, ...], env: dict[str, str] | None) -> None:
+    def __init__(
+        self, args: tuple[str, ...], env: dict[str, str] | None, wrapper: tuple[str, ...] = ()
+    ) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aiolock", *args],
+            [*wrapper, sys.executable, "-m", "aiolock", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -101,9 +104,15 @@ class Cli:
         self.url = url
         self.jobs: list[Job] = []
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> Job:
-        """Start ``aiolock ARGS`` with ``AIOLOCK_URL`` naming the server (unless ``env`` says)."""
-        job = Job(args, {"AIOLOCK_URL": self.url, **(env or {})})
+    def start(
+        self, *args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = ()
+    ) -> Job:
+        """Start ``aiolock ARGS`` with ``AIOLOCK_URL`` naming the server (unless ``env`` says).
+
+        ``wrapper`` goes before ``python -m aiolock``: a command that ``exec``s its
+        arguments (the process id stays aiolock's).
+        """
+        job = Job(args, {"AIOLOCK_URL": self.url, **(env or {})}, wrapper)
         self.jobs.append(job)
         return job
 
@@ -153,6 +162,26 @@ def script(tmp_path: Path) -> Callable[[str], list[str]]:
         return [sys.executable, str(path)]
 
     return write
+
+
+@pytest.fixture
+def unpublishing_url(server: RedisServer, db: redis.Redis) -> Iterator[str]:
+    """The server's URL as a user without channel rights: every release fails on the server.
+
+    The release script deletes the key, then its PUBLISH is refused (an ACL
+    error, a ``ResponseError``); acquiring and renewing publish nothing.
+    """
+    user = f"aiolock-test-{uuid.uuid4().hex[:8]}"
+    db.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+hunter2"],
+        keys=["*"],
+        categories=["+@all"],
+        reset_channels=True,
+    )
+    yield server.url.replace("redis://", f"redis://{user}:hunter2@")
+    db.acl_deluser(user)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -474,6 +503,88 @@ def test_a_server_gone_mid_run_loses_the_lock_at_the_lease_end_and_exits_70(
         cli.stop_all()
 
 
+# -- what the release finds ---------------------------------------------------------------
+
+
+def test_a_loss_found_at_the_release_exits_70_with_the_command_s_status(
+    cli: Cli, server: RedisServer, name: str, key: str, db: redis.Redis
+) -> None:
+    """A command ending by itself after its lock was taken over: exit 70, one line with its 5."""
+    take_over = "import redis, sys; redis.Redis.from_url(sys.argv[1]).set(sys.argv[2], 'other')"
+    result = cli(
+        "run",
+        "--ttl",
+        "30",  # no renewal (every 10 s) notices before the release does
+        name,
+        "--",
+        sys.executable,
+        "-c",
+        f"{take_over}; raise SystemExit(5)",
+        server.url,
+        key,
+    )
+    assert result.returncode == 70, result
+    assert result.error_lines == [
+        f"aiolock: lock {name!r} was found lost when it was released (another holder may have "
+        "run meanwhile); the command's exit status was 5"
+    ]
+    assert db.get(key) == "other"  # the other holder's key, untouched
+    db.delete(key)
+
+
+def test_a_release_the_server_fails_exits_69_with_the_command_s_status(
+    cli: Cli, name: str, key: str, db: redis.Redis, unpublishing_url: str
+) -> None:
+    """The server failing the release after the command exited 5: exit 69, one line with the 5."""
+    result = cli(
+        "run", name, "--", sys.executable, "-c", "exit(5)", env={"AIOLOCK_URL": unpublishing_url}
+    )
+    assert result.returncode == 69, result
+    assert len(result.error_lines) == 1, result
+    line = result.error_lines[0]
+    assert line.startswith(f"aiolock: server {redact_url(unpublishing_url)} is unavailable: ")
+    assert line.endswith(
+        f"(releasing lock {name!r}, which expires within 10.0 s; the command's exit status was 5)"
+    )
+    assert "hunter2" not in result.stderr
+    assert db.exists(key) == 0
+
+
+def test_a_failed_release_adds_no_second_line_to_a_command_not_found(
+    cli: Cli, name: str, unpublishing_url: str
+) -> None:
+    """Regression (issue 6 review): a 127 stays 127 with one line if the release fails too."""
+    result = cli(
+        "run", name, "--", "aiolock-test-no-such-command", env={"AIOLOCK_URL": unpublishing_url}
+    )
+    assert result.returncode == 127, result
+    assert result.error_lines == ["aiolock: aiolock-test-no-such-command: command not found"]
+
+
+def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
+    name: str, unpublishing_url: str
+) -> None:
+    """Regression (issue 6 review): an error starting the command is not hidden by the release's."""
+    code = (
+        "import sys\n"
+        "from aiolock._run import RunConfig, run_command\n"
+        "run_command(RunConfig(sys.argv[1], ('embedded\\x00null',), url=sys.argv[2]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, name, unpublishing_url],
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_BOUND,
+        check=False,
+    )
+    assert result.returncode == 1, result
+    *_, error, note = [line for line in result.stderr.splitlines() if line.strip()]
+    assert error == "ValueError: embedded null byte", result.stderr
+    assert note.startswith(f"aiolock: server {redact_url(unpublishing_url)} is unavailable: ")
+    assert note.endswith(f"(releasing lock {name!r}, which expires within 10.0 s)")
+    assert "hunter2" not in result.stderr
+
+
 # -- signals ------------------------------------------------------------------------------
 
 TRAPPING = """
@@ -568,6 +679,61 @@ def test_ctrl_c_at_the_terminal_reaches_the_command_once(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
         os.close(controller)
+
+
+def test_a_signal_while_aiolock_closes_after_the_release_is_ignored(
+    cli: Cli, name: str, key: str, db: redis.Redis
+) -> None:
+    """Regression (issue 6 review): SIGINT after the release, while closing, is no traceback."""
+    db.set(key, "someone-else", px=20_000)
+    job = cli.start("run", "--fencing", name, "--", "true")
+    wait_for(lambda: db.exists(f"{key}:waiting") == 1, "the waiter to wait (its marker key)")
+    db.delete(key)
+    # It takes the lock (the fence counter appears), runs `true` and releases it; then it
+    # closes its client, which waits (about 0.25 s) for the release listener its wait
+    # started to linger and end. The signal comes in that window.
+    wait_for(lambda: db.exists(f"{key}:fence") == 1 and db.exists(key) == 0, "the release")
+    os.kill(job.pid, signal.SIGINT)
+    result = job.finish()
+    assert result.returncode == 0, result
+    assert result.stderr == ""
+    db.delete(f"{key}:fence")
+
+
+IGNORING = """
+import pathlib, signal, sys, time
+out, signum = pathlib.Path(sys.argv[1]), signal.Signals[sys.argv[2]]
+(out / "ignored").write_text(str(signal.getsignal(signum) == signal.SIG_IGN))
+deadline = time.monotonic() + 30
+while not (out / "sent").exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.3)  # a copy passed on by aiolock would land within this
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM])
+def test_a_signal_ignored_at_start_stays_ignored_and_is_not_passed_on(
+    cli: Cli,
+    name: str,
+    key: str,
+    db: redis.Redis,
+    tmp_path: Path,
+    script: Callable[[str], list[str]],
+    signum: signal.Signals,
+) -> None:
+    """Regression (issue 6 review, nohup): a signal ignored at start stays ignored, unforwarded."""
+    trap = signum.name.removeprefix("SIG")
+    ignoring = ("sh", "-c", f'trap "" {trap}; exec "$@"', "sh")  # what nohup does for SIGHUP
+    command = script(IGNORING)
+    job = cli.start("run", name, "--", *command, str(tmp_path), signum.name, wrapper=ignoring)
+    wait_for((tmp_path / "ignored").exists, "the command to start")
+    os.kill(job.pid, signum)
+    (tmp_path / "sent").touch()
+    result = job.finish(timeout=10)
+    assert result.returncode == 0, result
+    assert result.stderr == ""
+    assert (tmp_path / "ignored").read_text() == "True"
+    assert db.exists(key) == 0
 
 
 # -- the command cannot run ---------------------------------------------------------------
