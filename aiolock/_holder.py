@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Final, Self, cast
 
 import anyio
 from redis.exceptions import RedisError
 
-from ._exceptions import AcquireTimeout, LockLostError, LockNotOwnedError
+from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._observe import EventKind, LockEvent, emit, observing
 from ._renewal import Holding
 from ._timers import call_at
@@ -31,6 +32,39 @@ if TYPE_CHECKING:
 __all__ = ["Contention", "HoldingLock", "current_task"]
 
 logger = logging.getLogger("aiolock")
+
+
+class _Unset:
+    """The type of the "argument not given" marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Final = _Unset()
+
+
+def _check_seconds(name: str, value: object, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        allowed = "None or a number of seconds" if allow_none else "a number of seconds"
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    return seconds
+
+
+def _check_timeout(value: object) -> float | None:
+    timeout = _check_seconds("timeout", value, allow_none=True)
+    if timeout is None or timeout == math.inf:
+        return None
+    if timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return timeout
 
 
 def current_task() -> asyncio.Task[Any]:
@@ -66,6 +100,7 @@ class HoldingLock:
         _timeout: float | None
         _blocking: bool
         _cancel_on_lost: bool
+        _reentrant: bool
         _on_lost: Callable[[Any], object] | None
         _by_task: dict[asyncio.Task[Any], Holding]
         _current: Holding | None
@@ -77,6 +112,13 @@ class HoldingLock:
         def _end(self, holding: Holding) -> None: ...
         def _pass_baton(self, holding: Holding) -> None: ...
         async def _settle(self, holding: Holding) -> None: ...
+        async def _take(
+            self,
+            task: asyncio.Task[Any],
+            started: float,
+            deadline: float | None,
+            contention: Contention,
+        ) -> Holding | None: ...
 
     @property
     def name(self) -> str:
@@ -92,6 +134,59 @@ class HoldingLock:
     def timeout(self) -> float | None:
         """How long :meth:`acquire` waits by default (``None``: forever)."""
         return self._timeout
+
+    async def _acquire(
+        self,
+        blocking: bool | None,
+        timeout: float | _Unset | None,  # noqa: ASYNC109 - acquire()'s, of the public contract
+    ) -> bool:
+        """What ``acquire()`` does: check, count a re-entry, or ``_take`` and report it."""
+        if blocking is None:
+            blocking = self._blocking
+        elif not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be True, False or None, got {blocking!r}")
+        if isinstance(timeout, _Unset):
+            wait = self._timeout
+        else:
+            if not blocking:
+                raise ValueError("timeout cannot be given with blocking=False")
+            wait = _check_timeout(timeout)
+        task = current_task()
+        mine = self._by_task.get(task)
+        if mine is not None:
+            if mine.lost:
+                raise LockLostError(
+                    f"lock {self._name!r} was lost by this task ({mine.loss_reason}); "
+                    "release() it before acquiring again"
+                )
+            if not self._reentrant:
+                raise LockError(
+                    f"lock {self._name!r} is already held by this task "
+                    "(make it with reentrant=True to acquire it again)"
+                )
+            mine.depth += 1
+            return True
+
+        started = time.monotonic()
+        if not blocking:
+            deadline: float | None = started
+        elif wait is None:
+            deadline = None
+        else:
+            deadline = started + wait
+        contention = Contention()
+        try:
+            holding = await self._take(task, started, deadline, contention)
+        except BaseException as exc:
+            self._gave_up(started, contention, exc)
+            raise
+        if holding is None:
+            self._gave_up(started, contention, None)
+            return False
+        self._event(
+            "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
+        )
+        return True
 
     def _lease_over(self, holding: Holding) -> None:
         holding.timer = None

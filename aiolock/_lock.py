@@ -21,8 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _notify
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation, run_shielded
-from ._exceptions import LockError, LockLostError, LockNotOwnedError
-from ._holder import Contention, HoldingLock
+from ._exceptions import LockLostError, LockNotOwnedError
+from ._holder import _UNSET, Contention, HoldingLock, _check_seconds, _check_timeout, _Unset
 from ._holder import current_task as _current_task
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
@@ -56,18 +56,6 @@ _UNKNOWN_PTTL: Final = -3
 _UNACKNOWLEDGED: Final = -4
 
 
-class _Unset:
-    """The type of the "argument not given" marker."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET: Final = _Unset()
-
-
 @dataclass(frozen=True, slots=True)
 class LockStatistics:
     """What :meth:`AsyncLock.statistics` returns: a lock as this process sees it.
@@ -97,18 +85,6 @@ def _check_client(client: object) -> Client:
     )
 
 
-def _check_seconds(name: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        allowed = "None or a number of seconds" if allow_none else "a number of seconds"
-        raise TypeError(f"{name} must be {allowed}, got {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds):
-        raise ValueError(f"{name} must not be NaN, got {value!r}")
-    return seconds
-
-
 def _check_ttl(value: object, name: str = "ttl") -> float:
     ttl = _check_seconds(name, value, allow_none=False)
     assert ttl is not None  # noqa: S101 - allow_none=False
@@ -117,15 +93,6 @@ def _check_ttl(value: object, name: str = "ttl") -> float:
     if ttl < 0.001:
         raise ValueError(f"{name} must be at least 0.001 s (1 ms on the wire), got {value!r}")
     return ttl
-
-
-def _check_timeout(value: object) -> float | None:
-    timeout = _check_seconds("timeout", value, allow_none=True)
-    if timeout is None or timeout == math.inf:
-        return None
-    if timeout < 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
-    return timeout
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -461,52 +428,7 @@ class AsyncLock(HoldingLock):
             ValueError: ``timeout`` is negative or NaN, or given together
                 with ``blocking=False``; or the backoff policy yields a bad delay.
         """
-        if blocking is None:
-            blocking = self._blocking
-        elif not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be True, False or None, got {blocking!r}")
-        if isinstance(timeout, _Unset):
-            wait = self._timeout
-        else:
-            if not blocking:
-                raise ValueError("timeout cannot be given with blocking=False")
-            wait = _check_timeout(timeout)
-        task = _current_task()
-        mine = self._by_task.get(task)
-        if mine is not None:
-            if mine.lost:
-                raise LockLostError(
-                    f"lock {self._name!r} was lost by this task ({mine.loss_reason}); "
-                    "release() it before acquiring again"
-                )
-            if not self._reentrant:
-                raise LockError(
-                    f"lock {self._name!r} is already held by this task "
-                    "(make it with reentrant=True to acquire it again)"
-                )
-            mine.depth += 1
-            return True
-
-        started = time.monotonic()
-        if not blocking:
-            deadline: float | None = started
-        elif wait is None:
-            deadline = None
-        else:
-            deadline = started + wait
-        contention = Contention()
-        try:
-            holding = await self._take(task, started, deadline, contention)
-        except BaseException as exc:
-            self._gave_up(started, contention, exc)
-            raise
-        if holding is None:
-            self._gave_up(started, contention, None)
-            return False
-        self._event(
-            "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
-        )
-        return True
+        return await self._acquire(blocking, timeout)
 
     async def _take(
         self,

@@ -36,17 +36,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import cancelling, honour_cancellation
-from ._exceptions import LockError, LockLostError, LockNotOwnedError
-from ._holder import Contention, HoldingLock
+from ._exceptions import LockLostError, LockNotOwnedError
+from ._holder import _UNSET, Contention, HoldingLock, _check_seconds, _check_timeout, _Unset
 from ._holder import current_task as _current_task
-from ._lock import (
-    _TRANSPORT,
-    _UNSET,
-    _check_bool,
-    _check_seconds,
-    _check_timeout,
-    _Unset,
-)
+from ._lock import _TRANSPORT, _check_bool
 from ._renewal import Holding, keep_alive
 from ._scripts import scripts_for
 from ._timers import Cutoff, call_at
@@ -539,55 +532,14 @@ class Redlock(HoldingLock):
             ValueError: ``timeout`` is negative or NaN, or given together
                 with ``blocking=False``; or the backoff policy yields a bad delay.
         """
-        if blocking is None:
-            blocking = self._blocking
-        elif not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be True, False or None, got {blocking!r}")
-        if isinstance(timeout, _Unset):
-            wait = self._timeout
-        else:
-            if not blocking:
-                raise ValueError("timeout cannot be given with blocking=False")
-            wait = _check_timeout(timeout)
-        task = _current_task()
-        mine = self._by_task.get(task)
-        if mine is not None:
-            if mine.lost:
-                raise LockLostError(
-                    f"lock {self._name!r} was lost by this task ({mine.loss_reason}); "
-                    "release() it before acquiring again"
-                )
-            if not self._reentrant:
-                raise LockError(
-                    f"lock {self._name!r} is already held by this task "
-                    "(make it with reentrant=True to acquire it again)"
-                )
-            mine.depth += 1
-            return True
-
-        started = time.monotonic()
-        if not blocking:
-            deadline: float | None = started
-        elif wait is None:
-            deadline = None
-        else:
-            deadline = started + wait
-        contention = Contention()
-        try:
-            holding = await self._take(task, deadline, contention)
-        except BaseException as exc:
-            self._gave_up(started, contention, exc)
-            raise
-        if holding is None:
-            self._gave_up(started, contention, None)
-            return False
-        self._event(
-            "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
-        )
-        return True
+        return await self._acquire(blocking, timeout)
 
     async def _take(
-        self, task: asyncio.Task[Any], deadline: float | None, contention: Contention
+        self,
+        task: asyncio.Task[Any],
+        started: float,
+        deadline: float | None,
+        contention: Contention,
     ) -> Holding | None:
         """Get the lock for ``task``: past the local gate, then on a majority of the nodes."""
         baseline = cancelling(task)
