@@ -35,6 +35,7 @@ from ._waiting import (
     Grant,
     LocalQueue,
     Turn,
+    Undo,
     Yield,
     existing_queue,
     queue_for,
@@ -441,7 +442,7 @@ class AsyncLock(HoldingLock):
         baseline = cancelling(task)
         queue = queue_for(self._queues, self._key)
         if queue.take(task):
-            ticket: Grant | Turn | Yield | None = Turn.CONTEND
+            ticket: Grant | Turn | Undo | Yield | None = Turn.CONTEND
         else:
             contention.seen = True  # another task of this process had it, or was first in line
             ticket = await queue.enter(task, self, deadline, deadline is None or deadline > started)
@@ -452,7 +453,14 @@ class AsyncLock(HoldingLock):
                 if time.monotonic() < ticket.sent + self._ttl:
                     return self._hold(task, ticket.token, ticket.sent, ticket.fence, handed=True)
                 # The releaser's hand-over took longer than our lease: not a lock.
+                ticket = Undo(ticket.token)
+            if isinstance(ticket, Undo):
+                # A hand-over that was too late, or whose outcome is unknown: take our
+                # token back, then contend on the server if there is time left.
                 await self._undo(ticket.token)
+                if deadline is not None and time.monotonic() >= deadline:
+                    queue.leave()
+                    return None
                 ticket = Turn.CONTEND
             pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
             holding = await self._contend(task, deadline, baseline, pause, contention)
@@ -921,10 +929,11 @@ class AsyncLock(HoldingLock):
             await self._undo(holding.token)
             raise
         if cutoff.expired:
-            # It may have run and given the heir's token a fresh lease: take that back. The
-            # releaser's own key has expired by now (its lease is over).
-            queue.give(entry, Turn.CONTEND)
-            await self._undo(token)
+            # It may have run and given the heir's token a fresh lease: the heir takes that
+            # back before it contends (or we do, if it gave up meanwhile), so that this
+            # release ends by the lease. Our own key has expired by now (its lease is over).
+            if not queue.give(entry, Undo(token)):
+                await self._undo(token)
             raise RedisTimeoutError(
                 f"releasing lock {self._name!r}: no answer before its lease ended; "
                 "the server expires the key by itself"

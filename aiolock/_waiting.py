@@ -51,6 +51,7 @@ __all__ = [
     "Grant",
     "LocalQueue",
     "Turn",
+    "Undo",
     "Yield",
     "existing_queue",
     "queue_for",
@@ -109,7 +110,19 @@ class Yield:
     seconds: float
 
 
-Ticket = Grant | Turn | Yield
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """A hand-over whose outcome is unknown (cut off at the releaser's lease end).
+
+    It may have given the server ``token`` with a fresh lease: the waiter
+    takes that back before it contends, so that the releaser need not wait
+    for a server that does not answer.
+    """
+
+    token: str
+
+
+Ticket = Grant | Turn | Undo | Yield
 
 
 @dataclass(eq=False, slots=True)

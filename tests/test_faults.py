@@ -45,6 +45,7 @@ from faultproxy import FaultProxy
 from redis.exceptions import RedisError
 
 from aiolock import AsyncLock, LockError, LockLostError, backoff
+from aiolock._scripts import ACQUIRE, HANDOVER, RELEASE
 from aiolock.testing import RedisServer
 
 T = TypeVar("T")
@@ -1338,8 +1339,9 @@ async def test_a_hand_over_into_a_black_hole_ends_by_the_lease(
     Regression test for a defect found while fixing the plain release: the
     hand-over path of ``release()`` (taken when a task of the same process
     waits) was bounded only by redis-py's socket timeout, not by the lease.
-    The waiter is then told to contend on the server itself, and, cut off
-    as well, gives up at its own timeout. Whatever either raises is redis-py's
+    The waiter is then told to take back the token the hand-over may have
+    given it and to contend on the server itself, and, cut off as well,
+    gives up at its own timeout. Whatever either raises is redis-py's
     or aiolock's, with a message.
     """
     ttl = 0.3
@@ -1372,3 +1374,49 @@ async def test_a_hand_over_into_a_black_hole_ends_by_the_lease(
         await cut.aclose()
         await proxy.aclose()
         await asyncio.sleep(ttl)  # the key the release could not delete expires
+
+
+async def test_a_hand_over_cut_off_at_the_lease_end_is_taken_back_by_the_heir(
+    server: RedisServer, admin: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """A hand-over that ran on the server but whose reply was held: the heir deletes its key.
+
+    Regression test (issue 6 review): the releaser used to undo the heir's token
+    itself after the cut-off, which could keep it past the lease for one more
+    cleanup bound (the black-hole test above flaked on it). The heir now gets
+    the token back with an Undo ticket and deletes it before it contends, so
+    the key it was given does not outlive the cut-off by its own 5 s lease.
+    """
+    ttl = 0.3
+    proxy = await FaultProxy(server.host, server.port).start()
+    cut = redis.Redis.from_url(proxy.url)
+    lock = AsyncLock(cut, name, ttl=ttl)
+    heir = AsyncLock(cut, name, ttl=5.0)
+    # Loaded beforehand: a first EVALSHA would only get NOSCRIPT (held back), and never run.
+    for script in (ACQUIRE, HANDOVER, RELEASE):
+        await admin.script_load(script)
+
+    async def hold_then_leave() -> None:
+        async with lock:
+            await eventually(lambda: lock.statistics().tasks_waiting == 1, "the heir waits")
+            proxy.hold_replies()  # the hand-over runs on the server; its reply is held back
+
+    leaving = asyncio.ensure_future(hold_then_leave())
+    await eventually(lambda: lock.statistics().held, "the lock is held")
+    waiting = asyncio.ensure_future(heir.acquire(timeout=10.0))
+    try:
+        done, _ = await asyncio.wait({leaving}, timeout=ttl + 2 * SLACK)
+        assert done, f"still leaving `async with` {ttl + 2 * SLACK:.1f} s later (ttl {ttl} s)"
+        assert isinstance(leaving.exception(), RedisError), repr(leaving.exception())
+        # The server ran the hand-over: the key held the token it gave the heir, with the
+        # heir's 5 s lease. The heir deletes it (its reply held back, but run by the
+        # server), then takes the lock on a fresh connection: long before those 5 s.
+        finished, _ = await asyncio.wait({waiting}, timeout=2.0)
+        assert finished, "the heir waited on: the handed token kept the key after the cut-off"
+        assert waiting.result() is True
+        proxy.release_replies()
+        await heir.release()
+    finally:
+        await cancel_all([leaving, waiting])
+        await cut.aclose()
+        await proxy.aclose()

@@ -665,9 +665,10 @@ async def test_custom_policy_delays_are_slept(
         attempts = 1 + await calls(admin, "pttl")
         assert policy.iterators == 1
         # 0.27 s of 0.05 s pauses: about 6 pauses and 8 attempts (the bare SET is followed
-        # at once by the script); spinning would be hundreds.
-        assert 4 <= policy.drawn <= 7, policy.drawn
-        assert 5 <= attempts <= 10, attempts
+        # at once by the script); spinning would be hundreds. The lower bounds leave room
+        # for a loaded machine, whose late wake-ups make fewer pauses fit (it flaked at 4).
+        assert 3 <= policy.drawn <= 7, policy.drawn
+        assert 4 <= attempts <= 10, attempts
         assert not await lock.acquire(timeout=0.06)
         assert policy.iterators == 2
 
