@@ -902,7 +902,9 @@ class AsyncLock(HoldingLock):
         """Release ``holding`` straight to the reserved local waiter ``entry``.
 
         Returns whether the key was still ours. Whatever happens, ``entry``
-        gets the baton: with the lock (a :class:`Grant`), or to contend for it.
+        gets the baton: with the lock (a :class:`Grant`), to contend for it,
+        or, when the hand-over was cut off at our lease end and may have run,
+        to delete the token it may have been given first (an :class:`Undo`).
         """
         heir = entry.lock
         token = secrets.token_hex(16)
