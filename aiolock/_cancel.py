@@ -6,6 +6,8 @@ a lock correct when that happens:
 * :func:`run_shielded` finishes a piece of cleanup (a release, an undo of a
   ``SET`` that may have gone through) even when the caller is being
   cancelled, bounded in time, then lets the cancellation go on.
+* :func:`finish` waits for tasks of the caller's (a watchdog, ``on_lost``
+  callbacks) to end, even when the caller is being cancelled meanwhile.
 * :func:`honour_cancellation` re-raises a cancellation that a lower layer
   swallowed. On CPython 3.11 and older, ``asyncio.wait_for`` (used by
   redis-py when a socket timeout is set) returns the inner result instead of
@@ -76,3 +78,22 @@ async def run_shielded(function: Callable[[], Awaitable[T]], bound: float) -> T:
             inner.exception()  # retrieved: the cancellation takes precedence
         raise cancelled
     return inner.result()
+
+
+async def finish(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait until ``tasks`` have ended, even if cancelled meanwhile; then re-raise that.
+
+    Their own outcomes are retrieved (so none is reported as "never
+    retrieved") but not raised.
+    """
+    interrupted: asyncio.CancelledError | None = None
+    while pending := [t for t in tasks if not t.done()]:
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError as exc:
+            interrupted = interrupted or exc
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
+    if interrupted is not None:
+        raise interrupted

@@ -20,11 +20,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
-if TYPE_CHECKING:
-    from ._lock import AsyncLock
-    from ._redlock import Redlock
+from ._types import Primitive
 
 __all__ = [
     "EventKind",
@@ -66,8 +64,8 @@ class LockEvent:
               until the lease would run out, then the lock is lost;
             - ``"lost"``: the holding was lost while held (``on_lost`` runs
               right after the observers).
-        lock: the lock object (an :class:`~aiolock.AsyncLock` or a
-            :class:`~aiolock.Redlock`).
+        lock: the lock object (an :class:`~aiolock.AsyncLock`, a
+            :class:`~aiolock.Redlock`, ...).
         name: the lock's name.
         waited: ``acquired`` and ``not_acquired``: seconds from the call of
             ``acquire()`` to its outcome.
@@ -84,7 +82,7 @@ class LockEvent:
     """
 
     kind: EventKind
-    lock: AsyncLock | Redlock
+    lock: Primitive
     name: str
     waited: float | None = None
     contended: bool = False

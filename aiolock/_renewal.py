@@ -4,10 +4,13 @@ A *holding* is one successful acquisition: its token, its owner task, and
 its lease as this process sees it. The lease end is measured on the
 monotonic clock from the moment the ``SET`` (or the last successful extend)
 was *sent*, so the server, which started its clock later, can never expire
-the key before this process thinks the lease has run out.
+the key before this process thinks the lease has run out. A lease may count
+less than it asks for (Redlock subtracts the clock drift allowance): ``ttl``
+is what the server is asked for, ``span`` what the holder counts.
 
-The watchdog is one asyncio task per holding that extends the lease every
-``ttl/3``. It is started lazily at the first renewal point (a short holding
+The watchdog is one asyncio task per holding that extends the lease, through
+the holding's :class:`~aiolock._lease.Lease`, every ``span/3``. It is
+started lazily at the first renewal point (a short holding
 never needs a task), and it is cancelled and awaited when the holding ends.
 It declares the lock lost when the server says the key is gone or is not
 ours, and also when the lease end arrives before a renewal could be
@@ -23,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, final
 
 import anyio
 
 from ._cancel import honour_cancellation
+from ._lease import Lease
+from ._queue import LocalQueue
 from ._timers import Timer
 
 __all__ = ["Holding", "keep_alive"]
@@ -55,8 +60,10 @@ class Holding:
         "loss_reason",
         "lost",
         "owner_done",
+        "queue",
         "renewal",
         "renewed_at",
+        "span",
         "task",
         "timer",
         "token",
@@ -64,13 +71,22 @@ class Holding:
     )
 
     def __init__(
-        self, token: str, task: asyncio.Task[Any], ttl: float, sent: float, fence: int | None
+        self,
+        token: str,
+        task: asyncio.Task[Any],
+        ttl: float,
+        span: float,
+        sent: float,
+        fence: int | None,
+        queue: LocalQueue,
     ) -> None:
         self.token = token
+        self.queue = queue  # the local queue whose baton it holds
         self.task = task
-        self.ttl = ttl
+        self.ttl = ttl  # asked of the server
+        self.span = span  # counted by the holder
         self.renewed_at = sent
-        self.lease_end = sent + ttl
+        self.lease_end = sent + span
         self.acquired_at = sent
         self.fence = fence
         self.depth = 1
@@ -87,27 +103,29 @@ class Holding:
         """Whether the holding has been declared lost (a method, so checkers re-read it)."""
         return self.lost
 
-    def renewed(self, sent: float, ttl: float) -> None:
-        """Record a confirmed extend that was sent at ``sent`` for ``ttl`` seconds."""
+    def renewed(self, sent: float, ttl: float, span: float) -> None:
+        """Record a confirmed extend sent at ``sent`` for ``ttl`` s (``span`` s as counted)."""
         self.ttl = ttl
+        self.span = span
         self.renewed_at = sent
-        self.lease_end = sent + ttl
+        self.lease_end = sent + span
 
 
 async def keep_alive(
     holding: Holding,
-    extend: Callable[[str, float], Awaitable[bool]],
-    declare_lost: Callable[[Holding, str], None],
+    lease: Lease,
     name: str,
+    declare_lost: Callable[[Holding, str], None],
     renewed: Callable[[Holding, BaseException | None], None],
 ) -> None:
-    """Extend ``holding`` every ``ttl/3`` until cancelled or lost.
+    """Extend ``holding`` every ``span/3`` until cancelled or lost.
 
     Args:
         holding: the holding to keep alive.
-        extend: sends the extend script for (token, ttl); True if the key was ours.
-        declare_lost: marks the holding lost with a reason (idempotent).
+        lease: the lease it holds: ``extend(token, ttl)`` says whether the
+            key was still ours.
         name: the lock's name, for log records.
+        declare_lost: marks the holding lost with a reason (idempotent).
         renewed: told of each renewal: with None when it reset the lease, with
             the exception when it failed (and will be retried).
     """
@@ -117,7 +135,7 @@ async def keep_alive(
         if now >= holding.lease_end:
             declare_lost(holding, "the lease ran out before it could be renewed")
             return
-        wake = holding.renewed_at + holding.ttl / 3
+        wake = holding.renewed_at + holding.span / 3
         if wake > now:
             await anyio.sleep(wake - now)
             await honour_cancellation(task, 0)
@@ -126,12 +144,12 @@ async def keep_alive(
         ttl = holding.ttl
         try:
             with anyio.move_on_after(holding.lease_end - sent):
-                ok = await extend(holding.token, ttl)
+                ok = await lease.extend(holding.token, ttl)
                 await honour_cancellation(task, 0)
                 if not ok:
                     declare_lost(holding, "the key was gone or held by another holder at renewal")
                     return
-                holding.renewed(sent, ttl)
+                holding.renewed(sent, ttl, holding.span)
                 renewed(holding, None)
                 continue
         except Exception as exc:
@@ -147,7 +165,7 @@ async def keep_alive(
                 max(remaining, 0.0),
             )
             renewed(holding, exc)
-            retry = min(max(holding.ttl / 10, _RETRY_MIN), _RETRY_MAX, max(remaining, 0.0))
+            retry = min(max(holding.span / 10, _RETRY_MIN), _RETRY_MAX, max(remaining, 0.0))
             await anyio.sleep(retry)
             await honour_cancellation(task, 0)
             continue

@@ -81,6 +81,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from ._exceptions import LockLostError, LockNotOwnedError
+from ._keys import Keys
 from ._lock import AsyncLock
 from ._types import Client
 
@@ -670,12 +671,12 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
         return EX_USAGE
     try:
         try:
-            key = AsyncLock(client, config.name, prefix=config.prefix).key
+            keys = Keys(config.name, config.prefix)
         except (TypeError, ValueError) as exc:
             print(f"aiolock: {exc}", file=err)
             return EX_USAGE
         try:
-            pttl, raw_fence = await _ask(client, key)
+            pttl, raw_fence = await _ask(client, keys)
         except _SERVER_ERRORS as exc:
             print(unavailable_message(exc, config.url), file=err)
             return EX_UNAVAILABLE
@@ -687,7 +688,7 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
     if config.json:
         state: dict[str, Any] = {
             "name": config.name,
-            "key": key,
+            "key": keys.lock,
             "held": held,
             "lease": lease,
             "fence": fence,
@@ -695,16 +696,16 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
         }
         print(json.dumps(state), file=out)
     else:
-        print(" ".join(_sentence(config.name, key, held, lease, fence)), file=out)
+        print(" ".join(_sentence(config.name, keys.lock, held, lease, fence)), file=out)
     return EX_OK if held else EX_FREE
 
 
-async def _ask(client: Client, key: str) -> tuple[int, bytes | None]:
-    """``PTTL`` of the key and ``GET`` of its fence counter, in one round trip."""
+async def _ask(client: Client, keys: Keys) -> tuple[int, bytes | None]:
+    """``PTTL`` of the lock key and ``GET`` of its fence counter, in one round trip."""
     # Both keys share the lock's hash slot, so a cluster pipeline sends them together.
     pipe = client.pipeline()
-    pipe.pttl(key)
-    pipe.get(f"{key}:fence")
+    pipe.pttl(keys.lock)
+    pipe.get(keys.fence)
     pttl, fence = await pipe.execute()
     return int(pttl), fence
 

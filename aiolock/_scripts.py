@@ -1,9 +1,10 @@
 """The Lua scripts that make each lock operation one atomic round trip.
 
-Scripts are registered once per client with redis-py's ``register_script``,
-which calls them by SHA (``EVALSHA``) and loads them again on ``NOSCRIPT``
-(after a server restart or ``SCRIPT FLUSH``). Values reach Lua only through
-``KEYS`` and ``ARGV``; no script text is ever built by formatting.
+Each script is a :class:`Script`: its text and its SHA1, computed once.
+:class:`aiolock._wire.Wire` calls them by SHA (``EVALSHA``) and loads them
+again on ``NOSCRIPT`` (after a server restart or ``SCRIPT FLUSH``). Values
+reach Lua only through ``KEYS`` and ``ARGV``; no script text is ever built by
+formatting.
 
 All keys one script touches share the lock's hash slot: the lock key is
 ``<prefix>{<name>}`` and its companions append a suffix after the ``}``.
@@ -11,13 +12,27 @@ All keys one script touches share the lock's hash slot: the lock key is
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING, Any, final
+import hashlib
+from typing import final
 
-if TYPE_CHECKING:
-    from redis.commands.core import AsyncScript
+__all__ = ["ACQUIRE", "EXTEND", "HANDOVER", "RELEASE", "UNMARK", "Script"]
 
-    from ._types import Client
+
+@final
+class Script:
+    """A Lua script and its SHA1, the name ``EVALSHA`` calls it by."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        #: The Lua source.
+        self.text = text
+        #: Its SHA1 in hex, as ``SCRIPT LOAD`` returns it.
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.sha[:12]}>"
+
 
 # The next fence of a lock (KEYS[3] of ACQUIRE and HANDOVER): one more than the
 # last, and never below the server's clock in microseconds. The floor keeps
@@ -54,7 +69,7 @@ end
 # A failed attempt that will wait sets the marker to the waiter's id; a
 # successful one deletes the marker if the waiter was the last to set it (a
 # marker set since by another waiter is theirs to keep up).
-ACQUIRE = (
+ACQUIRE = Script(
     _NEXT_FENCE
     + """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -77,12 +92,14 @@ return {0, redis.call('PTTL', KEYS[1])}
 #   KEYS[1]  the waiting marker
 #   ARGV[1]  the waiter's id
 # Deletes the marker if this waiter was the last to set it. Returns 1 if it did.
-UNMARK = """
+UNMARK = Script(
+    """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
 end
 return 0
 """
+)
 
 # RELEASE
 #   KEYS[1]  the lock key
@@ -91,7 +108,8 @@ return 0
 #   ARGV[3]  '1' to announce with SPUBLISH (cluster), anything else: PUBLISH
 # Deletes the key only if it still holds the token, then announces the
 # release. Returns 1 if it deleted the key, 0 if the key was not ours.
-RELEASE = """
+RELEASE = Script(
+    """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
     if ARGV[3] == '1' then
@@ -103,6 +121,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+)
 
 # EXTEND
 #   KEYS[1]  the lock key
@@ -110,12 +129,14 @@ return 0
 #   ARGV[2]  the new lease in milliseconds
 # Resets the lease only if the key still holds the token. Returns 1 if it
 # did, 0 if the key is gone or belongs to someone else.
-EXTEND = """
+EXTEND = Script(
+    """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
+)
 
 
 # HANDOVER (a release straight to the next waiter of the same process)
@@ -136,7 +157,7 @@ return 0
 # that polls raised the marker (`marker` is its PTTL in ms: when that waiter
 # tries next, plus the slack); otherwise {1, fence}: the key now holds the next
 # holder's token and lease (fence as in ACQUIRE).
-HANDOVER = (
+HANDOVER = Script(
     _NEXT_FENCE
     + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -170,29 +191,3 @@ end
 return {1, 0}
 """
 )
-
-
-@final
-class Scripts:
-    """The scripts, registered on one client."""
-
-    __slots__ = ("acquire", "extend", "handover", "release", "unmark")
-
-    def __init__(self, client: Client) -> None:
-        self.acquire: AsyncScript = client.register_script(ACQUIRE)
-        self.release: AsyncScript = client.register_script(RELEASE)
-        self.extend: AsyncScript = client.register_script(EXTEND)
-        self.handover: AsyncScript = client.register_script(HANDOVER)
-        self.unmark: AsyncScript = client.register_script(UNMARK)
-
-
-_by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
-
-
-def scripts_for(client: Client) -> Scripts:
-    """Return the scripts registered on ``client``, registering them once."""
-    try:
-        return _by_client[client]
-    except KeyError:
-        scripts = _by_client[client] = Scripts(client)
-        return scripts

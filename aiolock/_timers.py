@@ -35,6 +35,10 @@ __all__ = ["Cutoff", "Timer", "call_at"]
 _COMPACT_MIN: Final = 64
 
 
+def _nothing() -> None:
+    """The callback of a cancelled timer."""
+
+
 @final
 class Timer:
     """One deadline: ``cancel()`` it to keep its callback from running."""
@@ -56,9 +60,16 @@ class Timer:
         self.done = False
 
     def cancel(self) -> None:
-        """Make sure the callback does not run (no-op once it ran or was cancelled)."""
+        """Make sure the callback does not run (no-op once it ran or was cancelled).
+
+        The callback and its arguments are dropped at once: a cancelled
+        deadline waits in the heap until it is due or compacted, and must not
+        keep a lock (and its holding) alive until then.
+        """
         if not self.done:
             self.done = True
+            self._callback = _nothing
+            self._args = ()
             self._scheduler.cancelled()
 
     def _run(self) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import random
 import time
 import uuid
@@ -348,17 +347,12 @@ def assert_lock_commands_clean(port: int, errors: Errors, *, fresh_clients: int 
     )
 
 
-def sha(script: str) -> str:
-    """The SHA1 redis-py's ``register_script`` calls a script by."""
-    return hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
-
-
 SCRIPT_NAMES: Final = {
-    sha(scripts.ACQUIRE): "acquire",
-    sha(scripts.HANDOVER): "handover",
-    sha(scripts.RELEASE): "release",
-    sha(scripts.EXTEND): "extend",
-    sha(scripts.UNMARK): "unmark",
+    scripts.ACQUIRE.sha: "acquire",
+    scripts.HANDOVER.sha: "handover",
+    scripts.RELEASE.sha: "release",
+    scripts.EXTEND.sha: "extend",
+    scripts.UNMARK.sha: "unmark",
 }
 
 

@@ -1394,7 +1394,7 @@ async def test_a_hand_over_cut_off_at_the_lease_end_is_taken_back_by_the_heir(
     heir = AsyncLock(cut, name, ttl=5.0)
     # Loaded beforehand: a first EVALSHA would only get NOSCRIPT (held back), and never run.
     for script in (ACQUIRE, HANDOVER, RELEASE):
-        await admin.script_load(script)
+        await admin.script_load(script.text)
 
     async def hold_then_leave() -> None:
         async with lock:

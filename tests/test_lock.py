@@ -34,7 +34,7 @@ from aiolock import (
     LockNotOwnedError,
     backoff,
 )
-from aiolock._scripts import scripts_for
+from aiolock._scripts import ACQUIRE, EXTEND
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -837,8 +837,7 @@ async def test_leases_on_the_wire_are_never_shorter_than_the_holder_counts(
         scripts = [args for args in RecordingConnection.sent if args[0] == "EVALSHA"]
         assert [str(args[5]) for args in sets] == [expected]  # SET key token NX PX ms
         # EVALSHA sha numkeys keys... token ms: the extend and the fenced acquire.
-        registered = scripts_for(c)
-        shas = {registered.extend.sha, registered.acquire.sha}
+        shas = {EXTEND.sha, ACQUIRE.sha}
         with_lease = [args for args in scripts if args[1] in shas]
         assert len(with_lease) >= 2  # more if NOSCRIPT made one be sent again
         leases = {str(args[3 + int(args[2]) + 1]) for args in with_lease}

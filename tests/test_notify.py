@@ -24,7 +24,7 @@ from conftest import listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER
-from aiolock._waiting import LOCAL_RUN
+from aiolock._queue import LOCAL_RUN
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

@@ -11,7 +11,6 @@ fault proxy.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import re
@@ -702,7 +701,7 @@ async def test_server_restart_loses_lock_and_scripts_reload(
         assert [who for who, _ in losses.calls] == [lock]
         assert await adm.exists(lock.key) == 0
         # The restarted server has no scripts: the release script is loaded again (NOSCRIPT).
-        sha = hashlib.sha1(RELEASE.encode(), usedforsecurity=False).hexdigest()
+        sha = RELEASE.sha
         assert await adm.script_exists(sha) == [False]
         again = AsyncLock(c, name, ttl=ttl)
         assert await again.acquire(blocking=False)

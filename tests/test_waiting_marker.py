@@ -23,7 +23,7 @@ import pytest
 import redis.asyncio as redis
 
 from aiolock import AsyncLock, backoff
-from aiolock._waiting import LOCAL_RUN, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
+from aiolock._queue import LOCAL_RUN, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

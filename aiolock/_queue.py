@@ -1,4 +1,4 @@
-"""Waiting inside one process: a FIFO queue per client and key.
+"""Waiting inside one process: a FIFO queue per client and key (the local queue).
 
 The coroutines of one process that want the same key through the same client
 object line up here, first come first served. Only the task at the head of
@@ -33,14 +33,12 @@ import contextlib
 import enum
 import weakref
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import Any, Final, Protocol, final
 
 from ._exceptions import LockError
 from ._timers import Cutoff
-
-if TYPE_CHECKING:
-    from ._lock import AsyncLock
 
 __all__ = [
     "LOCAL_RUN",
@@ -49,6 +47,7 @@ __all__ = [
     "YIELD_WAIT",
     "Entry",
     "Grant",
+    "Heir",
     "LocalQueue",
     "Turn",
     "Undo",
@@ -125,12 +124,26 @@ class Undo:
 Ticket = Grant | Turn | Undo | Yield
 
 
+class Heir(Protocol):
+    """What a waiting task waits through: the lease of its lock object.
+
+    The queue needs only its ``undo``: a waiter that gives up after the lock
+    was handed to it deletes the token it was given. A releaser that hands
+    the lock over reads the rest of the heir's lease itself.
+    """
+
+    def undo(self, token: str) -> Awaitable[None]:
+        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        ...
+
+
 @dataclass(eq=False, slots=True)
 class Entry:
-    """A task waiting in the queue, with the lock object it waits through."""
+    """A task waiting in the queue, with the lease it waits through and its lease time."""
 
     task: asyncio.Task[Any]
-    lock: AsyncLock
+    heir: Heir
+    ttl: float
     future: asyncio.Future[Ticket]
 
 
@@ -171,7 +184,12 @@ class LocalQueue:
         return False
 
     async def enter(
-        self, task: asyncio.Task[Any], lock: AsyncLock, deadline: float | None, blocking: bool
+        self,
+        task: asyncio.Task[Any],
+        heir: Heir,
+        ttl: float,
+        deadline: float | None,
+        blocking: bool,
     ) -> Ticket | None:
         """Wait for the baton until ``deadline`` (``time.monotonic()``).
 
@@ -194,7 +212,7 @@ class LocalQueue:
             )
         if not blocking:
             return None
-        entry = Entry(task, lock, asyncio.get_running_loop().create_future())
+        entry = Entry(task, heir, ttl, asyncio.get_running_loop().create_future())
         self._waiters.append(entry)
         try:
             if deadline is None:
@@ -217,7 +235,7 @@ class LocalQueue:
             ticket = future.result()
             self.leave()
             if isinstance(ticket, Grant):
-                await entry.lock._undo(ticket.token)
+                await entry.heir.undo(ticket.token)
         else:
             future.cancel()
             with contextlib.suppress(ValueError):

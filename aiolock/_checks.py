@@ -1,0 +1,114 @@
+"""Argument checks shared by every primitive, and the one seconds-to-milliseconds rule.
+
+Each check names the argument and the value it refused, as DESIGN.md §1
+asks: ``TypeError`` for a value of the wrong kind, ``ValueError`` for one
+out of range.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, final
+
+from redis.asyncio import Redis, RedisCluster
+
+from ._types import Client
+
+__all__ = [
+    "UNSET",
+    "Unset",
+    "check_bool",
+    "check_callback",
+    "check_client",
+    "check_seconds",
+    "check_timeout",
+    "check_ttl",
+    "to_ms",
+]
+
+
+@final
+class Unset:
+    """The type of the "argument not given" marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+#: Stands for an argument that was not given (where ``None`` has a meaning of its own).
+UNSET: Final = Unset()
+
+
+def to_ms(seconds: float) -> int:
+    """A lease in whole milliseconds for the wire, rounded up (never shorter than counted).
+
+    The holder counts ``seconds`` from when it sent the command; rounding down
+    (``int(1.005 * 1000)`` is 1004) would let the server expire the key before
+    the holder's own lease end. A float's last-bit error is not rounded up.
+    """
+    return math.ceil(seconds * 1000 - 1e-6)
+
+
+def check_seconds(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    """Check that ``value`` is a number of seconds (not a bool, not NaN); return it as a float."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        allowed = "None or a number of seconds" if allow_none else "a number of seconds"
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    return seconds
+
+
+def check_timeout(value: object) -> float | None:
+    """Check a ``timeout``: ``None`` (or infinity) waits forever, else seconds >= 0."""
+    timeout = check_seconds("timeout", value, allow_none=True)
+    if timeout is None or timeout == math.inf:
+        return None
+    if timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return timeout
+
+
+def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> float:
+    """Check a lease: a finite number of seconds > 0, and at least ``least`` (1 ms)."""
+    ttl = check_seconds(name, value)
+    assert ttl is not None  # noqa: S101 - allow_none is False
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if ttl < least:
+        raise ValueError(
+            f"{name} must be at least {least:g} s"
+            f"{' (1 ms on the wire)' if least == 0.001 else ''}, got {value!r}"
+        )
+    return ttl
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Check that ``value`` is True or False."""
+    if value is not True and value is not False:
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_callback(name: str, value: object) -> None:
+    """Check that ``value`` is None or callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, got {value!r}")
+
+
+def check_client(client: object, name: str = "client") -> Client:
+    """Check that ``client`` is a ``redis.asyncio`` client (a plain one or a cluster)."""
+    if isinstance(client, (Redis, RedisCluster)):
+        return client
+    kind = f"{type(client).__module__}.{type(client).__qualname__}"
+    hint = ""
+    if kind.startswith("redis.") and not kind.startswith("redis.asyncio"):
+        hint = " (a synchronous client: use redis.asyncio.Redis instead)"
+    raise TypeError(
+        f"{name} must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, got {kind}{hint}"
+    )

@@ -1,0 +1,233 @@
+"""The wait loop: how a task gets a lock, over any lease.
+
+A task first lines up in the lease's local queue (:mod:`aiolock._queue`):
+only the head of the queue talks to the server. The head then attempts on
+the server until it wins or its deadline passes. Between attempts it waits
+for the backoff step (:mod:`aiolock.backoff`), capped by the holder's
+remaining lease and the deadline, and cut short by a release notification
+(:mod:`aiolock._notify`) when the lease has them.
+
+Each failed attempt that will be followed by a wait also raises the lock's
+waiting marker for that long (plus ``MARK_SLACK``), where the lease has one,
+so that a holder elsewhere handing the lock from task to task in its own
+process sees this waiter even when it cannot be notified, and lets it go
+first. Giving up takes the marker down.
+
+Cancellation: an attempt interrupted at any ``await`` is undone by the
+lease before it raises; an attempt that won but whose caller was cancelled
+meanwhile is undone here; a cancellation that redis-py swallowed (CPython
+gh-86296) is honoured after every ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any, final
+
+import anyio
+
+from . import backoff as _backoff
+from ._cancel import cancelling, honour_cancellation
+from ._lease import NOT_HELD, RETRY, Lease, Unanswered
+from ._notify import Subscription
+from ._queue import MARK_SLACK, Grant, LocalQueue, Turn, Undo, Yield
+
+__all__ = ["Contention", "Won", "obtain"]
+
+
+@final
+class Contention:
+    """What one ``acquire()`` call saw: whether someone else had the lock first.
+
+    Set when the caller queued behind another task of its process, or when an
+    attempt found another holder's key (not when an attempt merely failed:
+    an error, a late reply, replicas that did not acknowledge).
+    """
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+@final
+class Won:
+    """A won acquisition: the token, when it was sent, its fence, and how it came."""
+
+    __slots__ = ("fence", "handed", "queue", "sent", "token")
+
+    def __init__(
+        self, token: str, sent: float, fence: int, queue: LocalQueue, *, handed: bool
+    ) -> None:
+        #: The local queue whose baton the winner holds.
+        self.queue = queue
+        self.token = token
+        self.sent = sent
+        self.fence = fence
+        #: Handed over by a local releaser (not taken on the server).
+        self.handed = handed
+
+
+async def obtain(
+    lease: Lease,
+    task: asyncio.Task[Any],
+    ttl: float,
+    policy: _backoff.Backoff,
+    deadline: float | None,
+    blocking: bool,
+    contention: Contention,
+) -> Won | None:
+    """Get the lock for ``task``: through the local queue, then on the server.
+
+    Returns None when ``deadline`` passed first (the baton passed on). On
+    success ``task`` holds the local queue's baton.
+    """
+    baseline = cancelling(task)
+    queue = lease.queue()
+    if queue.take(task):
+        ticket: Grant | Turn | Undo | Yield | None = Turn.CONTEND
+    else:
+        contention.seen = True  # another task of this process had it, or was first in line
+        ticket = await queue.enter(task, lease, ttl, deadline, blocking)
+    if ticket is None:
+        return None
+    try:
+        if isinstance(ticket, Grant):
+            if time.monotonic() < ticket.sent + lease.counted(ttl):
+                return Won(ticket.token, ticket.sent, ticket.fence, queue, handed=True)
+            # The releaser's hand-over took longer than our lease: not a lock.
+            ticket = Undo(ticket.token)
+        if isinstance(ticket, Undo):
+            # A hand-over that was too late, or whose outcome is unknown: take our
+            # token back, then contend on the server if there is time left.
+            await lease.undo(ticket.token)
+            if deadline is not None and time.monotonic() >= deadline:
+                queue.leave()
+                return None
+            ticket = Turn.CONTEND
+        pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
+        won = await _contend(lease, queue, task, ttl, policy, deadline, baseline, pause, contention)
+    except BaseException:
+        queue.leave()
+        raise
+    if won is None:
+        queue.leave()
+    return won
+
+
+async def _contend(
+    lease: Lease,
+    queue: LocalQueue,
+    task: asyncio.Task[Any],
+    ttl: float,
+    policy: _backoff.Backoff,
+    deadline: float | None,
+    baseline: int,
+    wait_first: float,
+    contention: Contention,
+) -> Won | None:
+    """Try on the server until acquired or past the deadline (we hold the baton).
+
+    With ``wait_first`` (seconds) it starts with a wait: the local releaser
+    just let waiters elsewhere go first.
+    """
+    subscription: Subscription | None = None
+    waiter: str | None = None  # our id in the marker, once we raised it
+    won: Won | None = None
+    try:
+        delays: Iterator[float] | None = None
+        step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
+        drawn = False  # `step` is already the pause after the attempt in flight
+        plain = lease.bare_first  # the first attempt is a bare SET
+        marks = lease.marks
+        late_since: float | None = None  # since when every attempt went unanswered
+        seen: int | None = None
+        if wait_first:
+            # Waiters elsewhere were told to go first; if none has taken the lock by
+            # then, try anyway. A plain sleep: the release message of the yield itself
+            # may still be on its way to our listener, and must not wake us.
+            if deadline is not None:
+                wait_first = max(0.0, min(wait_first, deadline - time.monotonic()))
+            await anyio.sleep(wait_first)
+            await honour_cancellation(task, baseline)
+        while True:
+            # Note the channel's generation before the attempt: news after this
+            # point (a release, a subscription confirmed) means "try again at once".
+            if subscription is not None:
+                subscription.mark()
+            else:
+                seen = lease.generation()
+            token = secrets.token_hex(16)
+            mark_ms = 0
+            if plain:
+                plain = False
+            elif marks and (deadline is None or deadline > time.monotonic()):
+                # Draw the pause that will follow a failure now: the marker lasts that long.
+                if delays is None:
+                    delays = policy.delays()
+                step = _backoff._check_delay(next(delays, step))
+                drawn = True
+                bound = step if deadline is None else min(step, deadline - time.monotonic())
+                mark_ms = int((bound + MARK_SLACK) * 1000) + 1
+                if waiter is None:
+                    waiter = secrets.token_hex(8)
+            sent = time.monotonic()
+            try:
+                reply = await lease.attempt(token, ttl, deadline, waiter, mark_ms)
+            except Unanswered as late:
+                # No verdict (most often our own loop was busy): try again while the
+                # deadline allows; without one, for one lease.
+                now = time.monotonic()
+                late_since = now if late_since is None else late_since
+                if deadline is None and now - late_since >= ttl:
+                    raise late.error from None
+                reply = None
+            else:
+                late_since = None
+            if reply is not None and not reply[0] and reply[1] != NOT_HELD:
+                contention.seen = True
+            if cancelling(task) > baseline:
+                if reply is not None and reply[0]:
+                    await lease.undo(token)
+                await honour_cancellation(task, baseline)
+            now = time.monotonic()
+            if reply is not None and reply[0]:
+                if now < sent + lease.counted(ttl):
+                    won = Won(token, sent, reply[1], queue, handed=False)
+                    return won
+                # The reply came after the lease it granted had run out: not a lock.
+                await lease.undo(token)
+                reply = None
+            if deadline is not None and now >= deadline:
+                return None
+            if reply is not None and reply[1] == RETRY:
+                continue  # the first, bare attempt failed: the full attempt follows at once
+            if not drawn:
+                if delays is None:
+                    delays = policy.delays()
+                step = _backoff._check_delay(next(delays, step))
+            drawn = False
+            delay = step
+            pttl = reply[1] if reply is not None else -1
+            if pttl >= 0:
+                # An expiring holder sends no message: wake when its lease ends.
+                delay = min(delay, pttl / 1000 + 0.001)
+            elif pttl == -2:
+                delay = 0.0
+            if deadline is not None:
+                delay = max(0.0, min(delay, deadline - time.monotonic()))
+            if subscription is None and delay > 0:
+                subscription = await lease.subscribe(seen)
+            if subscription is None:
+                await anyio.sleep(delay)
+            else:
+                await subscription.wait(delay)
+            await honour_cancellation(task, baseline)
+    finally:
+        if subscription is not None:
+            subscription.close()
+        if waiter is not None and won is None:
+            await lease.unmark(waiter)

@@ -1,0 +1,716 @@
+"""The life of a holding, for every primitive: acquire, renew, lose, release, ``async with``.
+
+:class:`LeaseLock` is the engine every primitive is made of. A primitive
+checks its own options, builds its :class:`~aiolock._lease.Lease` (what it
+does on the server) and hands both to this class, which does the rest the
+same way for all of them:
+
+* ``acquire()``: arguments, re-entry, the deadline, and the wait loop
+  (:mod:`aiolock._contend`);
+* the holdings per task (``_by_task``), each watched by a timer or a
+  renewal task (:mod:`aiolock._renewal`), and reported lost through
+  ``lost``, ``on_lost`` and ``cancel_on_lost``;
+* ``release()``, with the hand-over to the next local task where the lease
+  can swap tokens in one script; ``extend()``, ``owned()``, ``locked()``;
+* ``async with``, and the observers' events (:mod:`aiolock._observe`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import backoff as _backoff
+from ._cancel import finish, honour_cancellation
+from ._checks import UNSET, Unset, check_bool, check_callback, check_timeout
+from ._contend import Contention, Won, obtain
+from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+from ._lease import GRACE, Lease
+from ._observe import EventKind, LockEvent, emit, observing
+from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo, Yield, yield_wait
+from ._renewal import Holding, keep_alive
+from ._timers import Cutoff, call_at
+
+__all__ = ["LeaseLock", "LockStatistics", "current_task"]
+
+logger = logging.getLogger("aiolock")
+
+#: The default backoff policy: exponential with full jitter (one object, checked once).
+_DEFAULT_BACKOFF: Final = _backoff.exponential()
+
+
+def current_task() -> asyncio.Task[Any]:
+    """The running task (aiolock is used from inside tasks only)."""
+    task = asyncio.current_task()
+    if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """What ``statistics()`` returns: a lock as this process sees it.
+
+    Attributes:
+        held: a task of this process holds the lock through this client.
+        owner: that task, or None.
+        tasks_waiting: how many tasks of this process wait for the lock
+            through this client (the first of them may be talking to the
+            server; the others wait in the local queue behind it).
+    """
+
+    held: bool
+    owner: asyncio.Task[Any] | None
+    tasks_waiting: int
+
+
+class LeaseLock:
+    """A primitive's holdings over its lease: the engine under every lock class."""
+
+    __slots__ = (
+        "_auto_renew",
+        "_backoff",
+        "_blocking",
+        "_by_task",
+        "_cancel_on_lost",
+        "_current",
+        "_last",
+        "_lease",
+        "_name",
+        "_on_lost",
+        "_reentrant",
+        "_scopes",
+        "_timeout",
+        "_ttl",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        lease: Lease,
+        *,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        backoff: _backoff.Backoff | Callable[[int], float] | None,
+        auto_renew: bool,
+        on_lost: Callable[[Any], object] | None,
+        cancel_on_lost: bool,
+        reentrant: bool,
+    ) -> None:
+        """Check the options every primitive has; ``name`` and ``ttl`` are checked already."""
+        self._name = name
+        self._lease = lease
+        self._ttl = ttl
+        self._timeout = check_timeout(timeout)
+        self._blocking = check_bool("blocking", blocking)
+        self._backoff = _DEFAULT_BACKOFF if backoff is None else _backoff._coerce(backoff)
+        self._auto_renew = check_bool("auto_renew", auto_renew)
+        check_callback("on_lost", on_lost)
+        self._on_lost = on_lost
+        self._cancel_on_lost = check_bool("cancel_on_lost", cancel_on_lost)
+        self._reentrant = check_bool("reentrant", reentrant)
+        self._by_task: dict[asyncio.Task[Any], Holding] = {}
+        self._current: Holding | None = None
+        self._last: Holding | None = None
+        self._scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]] = {}
+
+    # -- read-only facts ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The lock's name, as given."""
+        return self._name
+
+    @property
+    def key(self) -> str:
+        """The lock's key: ``<prefix>{<name>}`` (on every node of a Redlock)."""
+        return self._lease.key
+
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds given to each acquisition."""
+        return self._ttl
+
+    @property
+    def timeout(self) -> float | None:
+        """How long :meth:`acquire` waits by default (``None``: forever)."""
+        return self._timeout
+
+    @property
+    def lost(self) -> bool:
+        """Whether this holder's most recent holding was lost while held.
+
+        Looks at the calling task's holding if it has one, else at the
+        object's most recent holding. Reset by the next acquisition. It is
+        True as soon as the holder's own clock says the lease is over, even
+        before the watchdog has run (after the event loop was blocked past
+        the lease, the first look already says so), so checking it right
+        before a write never lets a holder past its lease write.
+        """
+        holding = self._holding_of_caller()
+        if holding is None:
+            return False
+        return holding.lost or (not holding.ended and time.monotonic() >= holding.lease_end)
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing number of the current acquisition (``fencing=True`` only).
+
+        Strictly increases with each acquisition of this name by any holder,
+        so a resource that remembers the highest fence it has seen can reject
+        writes from a holder whose lock has since passed to someone else. It
+        is never below the server's clock in microseconds (a large number),
+        so it keeps increasing across a server restart that lost the counter.
+        """
+        holding = self._holding_of_caller()
+        return holding.fence if holding is not None else None
+
+    def statistics(self) -> LockStatistics:
+        """Describe the lock as this process sees it, without asking the server.
+
+        The view is that of the lock's local queue: every lock object with
+        the same client and name shares it. Holders in other processes (or
+        on other client objects) are not seen; :meth:`locked` asks the server.
+        """
+        queue = self._lease.existing_queue()
+        if queue is None:
+            return LockStatistics(held=False, owner=None, tasks_waiting=0)
+        contending = queue.owner is not None and queue.holder is None
+        return LockStatistics(
+            held=queue.holder is not None,
+            owner=queue.holder,
+            tasks_waiting=queue.waiting + int(contending),
+        )
+
+    def _holding_of_caller(self) -> Holding | None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        holding = self._by_task.get(task) if task is not None else None
+        return holding if holding is not None else self._last
+
+    def _holding_to_release(self, task: asyncio.Task[Any] | None) -> Holding | None:
+        mine = self._by_task.get(task) if task is not None else None
+        return mine if mine is not None else self._current
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | Unset | None = UNSET,  # noqa: ASYNC109 - a name of the public contract
+    ) -> bool:
+        """Acquire the lock; return True once held, False if not within the timeout.
+
+        Args:
+            blocking: ``False`` tries once and returns at once; defaults to
+                the lock's ``blocking``.
+            timeout: seconds to wait, overriding the lock's ``timeout``;
+                ``None`` waits forever, ``0`` tries once.
+
+        Raises:
+            LockError: the calling task already holds this non-reentrant lock
+                (or the same key through another lock object on this client).
+            LockLostError: the calling task's holding was lost and has not
+                been released yet.
+            TypeError: ``blocking`` is not a bool, or ``timeout`` not a number.
+            ValueError: ``timeout`` is negative or NaN, or given together
+                with ``blocking=False``; or the backoff policy yields a bad delay.
+            redis.exceptions.RedisError: the server failed (after the
+                cleanup that leaves no key behind).
+        """
+        if blocking is None:
+            blocking = self._blocking
+        elif blocking is not True and blocking is not False:
+            raise TypeError(f"blocking must be True, False or None, got {blocking!r}")
+        if timeout is UNSET:
+            wait = self._timeout
+        else:
+            if not blocking:
+                raise ValueError("timeout cannot be given with blocking=False")
+            wait = check_timeout(timeout)
+        task = current_task()
+        mine = self._by_task.get(task)
+        if mine is not None:
+            if mine.lost:
+                raise LockLostError(
+                    f"lock {self._name!r} was lost by this task ({mine.loss_reason}); "
+                    "release() it before acquiring again"
+                )
+            if not self._reentrant:
+                raise LockError(
+                    f"lock {self._name!r} is already held by this task "
+                    "(make it with reentrant=True to acquire it again)"
+                )
+            mine.depth += 1
+            return True
+
+        started = time.monotonic()
+        if not blocking:
+            deadline: float | None = started
+        elif wait is None:
+            deadline = None
+        else:
+            deadline = started + wait
+        contention = Contention()
+        try:
+            won = await obtain(
+                self._lease,
+                task,
+                self._ttl,
+                self._backoff,
+                deadline,
+                deadline is None or deadline > started,
+                contention,
+            )
+        except BaseException as exc:
+            if observing():
+                self._gave_up(started, contention, exc)
+            raise
+        if won is None:
+            if observing():
+                self._gave_up(started, contention, None)
+            return False
+        holding = self._hold(task, won)
+        if observing():
+            self._event(
+                "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
+            )
+        return True
+
+    def _hold(self, task: asyncio.Task[Any], won: Won) -> Holding:
+        """Record a new holding of ``task`` and start watching its lease.
+
+        A lock handed over by a local releaser (``won.handed``) continues the
+        local run; one taken on the server starts a new one.
+        """
+        lease = self._lease
+        ttl = self._ttl
+        sent = won.sent
+        queue = won.queue
+        holding = Holding(
+            won.token,
+            task,
+            ttl,
+            lease.counted(ttl),
+            sent,
+            won.fence if lease.fencing else None,
+            queue,
+        )
+        queue.holder = task
+        if not won.handed:
+            queue.run_started = sent
+        self._by_task[task] = holding
+        self._current = holding
+        self._last = holding
+        if self._auto_renew:
+            holding.timer = call_at(sent + holding.span / 3, self._start_renewal, holding)
+        else:
+            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+        holding.owner_done = self._task_done
+        task.add_done_callback(self._task_done)
+        logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)
+        return holding
+
+    # -- watching a holding ------------------------------------------------------------
+
+    def _start_renewal(self, holding: Holding) -> None:
+        holding.timer = None
+        if holding.ended or holding.lost:
+            return
+        holding.renewal = asyncio.get_running_loop().create_task(
+            keep_alive(holding, self._lease, self._name, self._declare_lost, self._renewed),
+            name=f"aiolock renewal of {self._name!r}",
+        )
+
+    def _lease_over(self, holding: Holding) -> None:
+        holding.timer = None
+        if time.monotonic() < holding.lease_end:  # extended meanwhile
+            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+            return
+        reason = (
+            "its owner task ended without releasing it and the lease ran out"
+            if holding.task.done()
+            else "the lease ran out (auto_renew is off)"
+        )
+        self._declare_lost(holding, reason)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """The owning task ended while holding: stop renewing, let the lease run out."""
+        holding = self._by_task.pop(task, None)
+        if holding is None or holding.ended or holding.lost:
+            return
+        self._stop_watching(holding)
+        holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+
+    def _stop_watching(self, holding: Holding) -> None:
+        if holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = None
+        renewal = holding.renewal
+        if renewal is not None and renewal is not asyncio.current_task():
+            renewal.cancel()
+
+    def _declare_lost(self, holding: Holding, reason: str) -> None:
+        """Mark ``holding`` lost: flag, baton, ``cancel_on_lost``, ``on_lost``."""
+        if holding.lost or holding.ended:
+            return
+        self._stop_watching(holding)
+        self._pass_baton(holding)
+        for scope in self._scopes.get(holding.task, ()):
+            if scope is not None:
+                scope.cancel()
+                break
+        self._report_loss(holding, reason)
+
+    def _report_loss(self, holding: Holding, reason: str) -> None:
+        """Flag ``holding`` lost, log it, tell the observers, and run ``on_lost``."""
+        holding.lost = True
+        holding.loss_reason = reason
+        logger.warning("lost lock %r: %s", self._name, reason)
+        self._event("lost", holding, reason=reason)
+        if self._on_lost is not None:
+            try:
+                result = self._on_lost(self)
+            except Exception:
+                logger.exception("on_lost callback of lock %r raised", self._name)
+            else:
+                if inspect.isawaitable(result):
+                    holding.callbacks.append(asyncio.ensure_future(self._run_callback(result)))
+
+    async def _run_callback(self, awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            logger.exception("on_lost callback of lock %r raised", self._name)
+
+    def _pass_baton(self, holding: Holding) -> None:
+        """Let the next local waiter contend (once per holding)."""
+        if holding.has_baton:
+            holding.has_baton = False
+            holding.queue.leave()
+
+    def _end(self, holding: Holding) -> None:
+        """Forget ``holding`` locally (the server side is the caller's business)."""
+        holding.ended = True
+        self._stop_watching(holding)
+        if self._by_task.get(holding.task) is holding:
+            del self._by_task[holding.task]
+        if self._current is holding:
+            self._current = None
+        if holding.owner_done is not None:
+            holding.task.remove_done_callback(holding.owner_done)
+            holding.owner_done = None
+
+    async def _settle(self, holding: Holding) -> None:
+        """Wait for the holding's watchdog and callbacks to finish, even if cancelled meanwhile."""
+        me = asyncio.current_task()
+        pending = [
+            t for t in (holding.renewal, *holding.callbacks) if t is not None and t is not me
+        ]
+        holding.renewal = None
+        holding.callbacks = []
+        if pending:
+            await finish(pending)  # shielded: a cancelled release must not return before them
+
+    # -- release / extend / queries ----------------------------------------------------
+
+    async def release(self) -> None:
+        """Release the lock: delete the key if it is still ours and let the next holder in.
+
+        Releases the calling task's holding, or else (a hand-off) the
+        object's current holding. With ``reentrant=True`` only the last of
+        nested releases gives the lock up. Completes even if cancelled.
+
+        Raises:
+            LockNotOwnedError: nothing is held.
+            LockLostError: the holding was lost (declared before, without a
+                round trip; or found now: the lease had run out, or the key
+                was no longer ours; then ``on_lost`` runs too). Another
+                holder's key is never touched.
+            redis.exceptions.RedisError: the server failed, or did not answer
+                before the lease ended; the key expires with its lease.
+        """
+        await self._release(current_task())
+
+    async def _release(self, task: asyncio.Task[Any]) -> None:
+        """What :meth:`release` does, called from ``task``."""
+        holding = self._holding_to_release(task)
+        if holding is None:
+            raise LockNotOwnedError(f"lock {self._name!r} is not held")
+        if holding.depth > 1 and not holding.lost:
+            holding.depth -= 1
+            return
+        baseline = task.cancelling()
+        if not holding.lost and time.monotonic() >= holding.lease_end:
+            # The loop was blocked past the lease: the watchdog had no chance to run.
+            self._declare_lost(holding, "the lease ran out before release")
+        self._end(holding)
+        lease = self._lease
+        try:
+            if holding.lost:
+                raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+            entry = holding.queue.reserve() if holding.has_baton else None
+            if entry is not None:
+                holding.has_baton = False  # reserved for `entry`
+                deleted = await self._hand_over(holding, holding.queue, entry)
+            else:
+                deleted = await lease.release(holding.token, holding.lease_end)
+            if not deleted:
+                self._report_loss(holding, f"{lease.gone} at release")
+        finally:
+            self._pass_baton(holding)
+            if not holding.lost:
+                # Given up: deleted, or (cancelled, failed) undone or left to its lease.
+                self._event("released", holding)
+            if holding.renewal is not None or holding.callbacks:
+                await self._settle(holding)
+        if not deleted:
+            raise LockLostError(
+                f"lock {self._name!r} was no longer held by this holder at release: "
+                f"{lease.gone} (its lease ran out); other holders' keys were left alone"
+            )
+        logger.debug("released lock %r", self._name)
+        if task.cancelling() > baseline:
+            await honour_cancellation(task, baseline)
+
+    async def _hand_over(self, holding: Holding, queue: LocalQueue, entry: Entry) -> bool:
+        """Release ``holding`` straight to the reserved local waiter ``entry``.
+
+        Returns whether the key was still ours. Whatever happens, ``entry``
+        gets the baton: with the lock (a :class:`Grant`), to contend for it,
+        or, when the hand-over was cut off at our lease end and may have run,
+        to delete the token it may have been given first (an :class:`Undo`).
+        """
+        lease = self._lease
+        token = secrets.token_hex(16)
+        sent = time.monotonic()
+        may_yield = sent - queue.run_started >= LOCAL_RUN
+        try:
+            # Bounded by the releaser's lease, like a plain release.
+            with Cutoff(holding.lease_end + GRACE) as cutoff:
+                reply = await lease.hand_over(
+                    holding.token, entry.heir, token, entry.ttl, may_yield
+                )
+        except BaseException:
+            # It may have run: make sure neither token keeps the key, then let the heir contend.
+            queue.give(entry, Turn.CONTEND)
+            await lease.undo(token)
+            await lease.undo(holding.token)
+            raise
+        if cutoff.expired:
+            # It may have run and given the heir's token a fresh lease: the heir takes that
+            # back before it contends (or we do, if it gave up meanwhile), so that this
+            # release ends by the lease. Our own key has expired by now (its lease is over).
+            if not queue.give(entry, Undo(token)):
+                await lease.undo(token)
+            raise RedisTimeoutError(
+                f"releasing lock {self._name!r}: no answer before its lease ended; "
+                "the server expires the key by itself"
+            )
+        if reply is None:
+            # This lease cannot hand over: release, then let the heir contend.
+            try:
+                return await lease.release(holding.token, holding.lease_end)
+            finally:
+                queue.give(entry, Turn.CONTEND)
+        if reply[0] == 1:
+            if not queue.give(entry, Grant(token, sent, reply[1])):
+                await lease.undo(token)  # the heir gave up meanwhile
+            return True
+        queue.give(entry, Yield(yield_wait(reply[1])) if reply[0] == 2 else Turn.CONTEND)
+        return bool(reply[0])
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease of the current holding to ``ttl`` seconds from now.
+
+        ``ttl`` defaults to the lock's; a value given here also becomes the
+        lease that later renewals of this holding use.
+
+        Raises:
+            LockNotOwnedError: nothing is held, or the key is no longer ours
+                (the holding is then marked lost).
+            LockLostError: the holding had already been declared lost, or its
+                lease has run out.
+            ValueError: ``ttl`` is not a lease the lock can ask for.
+            redis.exceptions.RedisError: the server failed; the holding keeps
+                its previous lease.
+        """
+        lease = self._lease
+        new_ttl = self._ttl if ttl is None else lease.check_ttl(ttl)
+        holding = self._holding_to_release(asyncio.current_task())
+        if holding is None or holding.ended:
+            raise LockNotOwnedError(f"lock {self._name!r} is not held")
+        sent = time.monotonic()
+        if not holding.lost and sent >= holding.lease_end:
+            self._declare_lost(holding, "the lease ran out before extend()")
+        if holding.lost:
+            raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+        if not await lease.extend(holding.token, new_ttl):
+            self._declare_lost(holding, f"{lease.gone} at extend()")
+            raise LockNotOwnedError(
+                f"lock {self._name!r} is no longer held by this holder: {lease.gone}; "
+                "other holders' keys were left alone"
+            )
+        if holding.is_lost():  # declared lost while the extend was in flight
+            raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+        holding.renewed(sent, new_ttl, lease.counted(new_ttl))
+        self._event("renewed", holding)
+        if not self._auto_renew and holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock now (asks the server)."""
+        return await self._lease.held()
+
+    async def owned(self) -> bool:
+        """Whether this holder's token is the current one on the server (asks it).
+
+        Looks at the calling task's holding, or else the object's current
+        one; False without a round trip when there is none, it was lost, or
+        its lease is over by the holder's clock.
+        """
+        holding = self._holding_to_release(asyncio.current_task())
+        if (
+            holding is None
+            or holding.ended
+            or holding.lost
+            or time.monotonic() >= holding.lease_end
+        ):
+            return False
+        return await self._lease.holds(holding.token)
+
+    # -- observers ---------------------------------------------------------------------
+
+    def _event(
+        self,
+        kind: EventKind,
+        holding: Holding | None,
+        *,
+        waited: float | None = None,
+        contended: bool = False,
+        reason: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Tell the observers (see :mod:`aiolock._observe`), if there are any."""
+        if not observing():
+            return
+        held = None
+        fence = None
+        if holding is not None:
+            fence = holding.fence
+            if kind in ("released", "lost"):
+                held = time.monotonic() - holding.acquired_at
+        emit(
+            LockEvent(
+                kind,
+                self,
+                self._name,
+                waited=waited,
+                contended=contended,
+                held=held,
+                fence=fence,
+                reason=reason,
+                error=error,
+            )
+        )
+
+    def _gave_up(self, started: float, contention: Contention, error: BaseException | None) -> None:
+        """Report an ``acquire()`` that did not get the lock: it returned False, or raised."""
+        self._event(
+            "not_acquired",
+            None,
+            waited=time.monotonic() - started,
+            contended=contention.seen,
+            error=error,
+        )
+
+    def _renewed(self, holding: Holding, error: BaseException | None) -> None:
+        """The watchdog's report of one renewal: done (None) or failed (the error)."""
+        if error is None:
+            self._event("renewed", holding)
+        else:
+            self._event("renewal_failed", holding, error=error)
+
+    # -- async with --------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if not await self.acquire():
+            raise AcquireTimeout(
+                f"could not acquire lock {self._name!r} within {self._timeout} s"
+                if self._blocking
+                else f"lock {self._name!r} is held by someone else (blocking=False)"
+            )
+        if self._cancel_on_lost:
+            task = current_task()
+            holding = self._by_task[task]
+            scope: anyio.CancelScope | None = None
+            if holding.depth == 1:
+                scope = anyio.CancelScope()
+                scope.__enter__()
+            self._scopes.setdefault(task, []).append(scope)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = current_task()
+        cancelled_by_loss = False
+        if self._cancel_on_lost:
+            stack = self._scopes.get(task)
+            scope = stack.pop() if stack else None
+            if stack is not None and not stack:
+                del self._scopes[task]
+            if scope is not None and scope.__exit__(exc_type, exc, tb):
+                cancelled_by_loss = True
+                exc = None
+        holding = self._by_task.get(task)
+        if holding is None:  # released inside the body, or ended by a hand-off
+            if cancelled_by_loss:
+                raise LockLostError(f"lock {self._name!r} was lost while held") from None
+            return
+        if not holding.lost and holding.depth == 1 and time.monotonic() >= holding.lease_end:
+            self._declare_lost(holding, "the lease ran out before the body ended")
+        if holding.lost:
+            self._end(holding)
+            self._pass_baton(holding)
+            await self._settle(holding)
+            error = LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+            if exc is not None:
+                exc.add_note(f"aiolock: {error}")
+                return
+            raise error from None
+        try:
+            await self._release(task)
+        except LockNotOwnedError as release_error:
+            lost = (
+                release_error
+                if isinstance(release_error, LockLostError)
+                else LockLostError(f"lock {self._name!r} was lost while held: {release_error}")
+            )
+            if exc is not None:
+                exc.add_note(f"aiolock: {lost}")
+                return
+            raise lost from None
+        except (RedisError, OSError, RuntimeError) as release_error:
+            if exc is not None:
+                exc.add_note(f"aiolock: releasing lock {self._name!r} failed: {release_error!r}")
+                return
+            raise

@@ -1,0 +1,66 @@
+"""Every key and channel name aiolock uses, built in one place.
+
+A lock named ``name`` under ``prefix`` lives in the key ``<prefix>{<name>}``.
+Its companions append a suffix *after* the closing brace, so that the hash
+tag, and with it the Redis Cluster hash slot, is the same for all of them:
+
+===================  ==============================  =================================
+name                 key                             what it holds
+===================  ==============================  =================================
+:attr:`Keys.lock`    ``<prefix>{<name>}``            the holder's token, with the lease
+:attr:`Keys.marker`  ``<prefix>{<name>}:waiting``    a polling waiter elsewhere (its id)
+:attr:`Keys.fence`   ``<prefix>{<name>}:fence``      the last fencing number (kept)
+:attr:`Keys.channel` ``<prefix>{<name>}:released``   the release notification channel
+===================  ==============================  =================================
+
+The library, the CLI, the tests and the benchmarks all take names from here.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+__all__ = ["DEFAULT_PREFIX", "Keys"]
+
+#: The prefix of every key unless a lock is given another.
+DEFAULT_PREFIX: Final = "aiolock:"
+
+
+@final
+class Keys:
+    """The names of one lock's key, its companion keys and its channel.
+
+    Raises:
+        TypeError: ``name`` or ``prefix`` is not a str.
+        ValueError: ``name`` is empty, or the key's hash tag would be empty
+            (a name starting with ``}``, a prefix containing ``{}``): its
+            companions would then fall into other cluster slots.
+    """
+
+    __slots__ = ("channel", "fence", "lock", "marker")
+
+    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if not name:
+            raise ValueError(f"name must not be empty, got {name!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r}")
+        lock = f"{prefix}{{{name}}}"
+        if lock[lock.index("{") + 1] == "}":
+            raise ValueError(
+                f"name {name!r} with prefix {prefix!r} gives the key {lock!r} an empty "
+                "hash tag '{}', so its companion keys would not share its cluster slot "
+                "(a name must not start with '}', nor a prefix contain '{}')"
+            )
+        #: The lock key: ``<prefix>{<name>}``.
+        self.lock: Final = lock
+        #: The waiting marker of pollers elsewhere: ``<lock>:waiting``.
+        self.marker: Final = f"{lock}:waiting"
+        #: The fencing counter: ``<lock>:fence``.
+        self.fence: Final = f"{lock}:fence"
+        #: The release channel: ``<lock>:released``.
+        self.channel: Final = f"{lock}:released"
+
+    def __repr__(self) -> str:
+        return f"Keys({self.lock!r})"

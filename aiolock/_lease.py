@@ -1,0 +1,454 @@
+"""Leases: what a primitive does on the server, and the lease on one server.
+
+A *lease* is the part of a primitive that talks to the server(s): how to
+attempt an acquisition, release it, extend it and undo an attempt whose
+outcome is unknown, with the primitive's own scripts and keys. Everything
+above it (the wait loop in :mod:`aiolock._contend`, the life of a holding in
+:mod:`aiolock._holding`) is written once against the :class:`Lease`
+protocol, and never names a primitive.
+
+:class:`ServerLease` is the lease on one server (or one cluster slot); a
+quorum of them is :class:`aiolock._quorum.QuorumLease`. Which commands a
+lease sends is its own business: a newer server's compare-and-delete
+(``DELIFEQ``) could replace the release script here without the wait loop
+or the holding life knowing.
+
+An attempt answers ``(taken, value)``: ``(1, fence)`` when the lock was
+taken (``fence`` is 0 without fencing), else ``(0, code)`` where ``code`` is
+the holder's remaining lease in milliseconds (``PTTL``: ``-1`` when held
+with no known end, ``-2`` when the key vanished meanwhile), or one of
+:data:`RETRY` and :data:`NOT_HELD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import _notify
+from ._cancel import run_shielded
+from ._checks import check_ttl, to_ms
+from ._queue import LocalQueue, existing_queue, queue_for, queues_of
+from ._scripts import ACQUIRE, EXTEND, HANDOVER, RELEASE, UNMARK
+from ._timers import Cutoff
+from ._wire import Wire
+
+if TYPE_CHECKING:
+    from ._keys import Keys
+    from ._types import Client
+
+__all__ = [
+    "CLEANUP_BOUND",
+    "GRACE",
+    "NOT_HELD",
+    "RETRY",
+    "Lease",
+    "Reply",
+    "ServerLease",
+    "Unanswered",
+]
+
+logger = logging.getLogger("aiolock")
+
+#: How long an attempt already sent may run past the deadline before it is cut off.
+GRACE: Final = 0.1
+#: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
+CLEANUP_BOUND: Final = 1.0
+#: A failed attempt whose holder's lease is unknown (a bare ``SET``): try the full attempt now.
+RETRY: Final = -3
+#: A failed attempt that nobody else's holding explains (replicas did not acknowledge
+#: it, a quorum was not reached in time): no contention, no lease to wait for.
+NOT_HELD: Final = -4
+
+#: What an attempt answers: ``(1, fence)`` or ``(0, code)`` (see the module docs).
+Reply = tuple[int, int]
+
+
+class Unanswered(Exception):
+    """An attempt got no verdict: the server(s) did not answer in time.
+
+    Not "held by someone": the wait loop tries again while its deadline
+    allows (without one, for one lease), then raises :attr:`error`.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        #: The error to raise once the wait loop gives up.
+        self.error = error
+
+
+class Lease(Protocol):
+    """What the wait loop and the holding life need of a primitive's server side.
+
+    Every method that may have left a token on the server when interrupted
+    (cancelled, failed, cut off) undoes it before it returns or raises,
+    except :meth:`release`, whose cancellation undoes it too.
+    """
+
+    #: The key (or, on several servers, the key on each): for messages and ``repr``.
+    key: str
+    #: The first attempt can be a cheaper one that only says taken or not (:data:`RETRY`).
+    bare_first: bool
+    #: Failed attempts can raise the waiting marker (``waiter``, ``mark_ms``).
+    marks: bool
+    #: Attempts return a fencing number.
+    fencing: bool
+    #: How the server(s) had stopped holding our token, in words: "<gone> at release".
+    gone: str
+
+    def check_ttl(self, value: object, name: str = "ttl") -> float:
+        """Check a lease this lease can ask for; return it in seconds."""
+        ...
+
+    def counted(self, ttl: float) -> float:
+        """How long a lease of ``ttl`` asked for lasts as the holder counts it."""
+        ...
+
+    def queue(self) -> LocalQueue:
+        """The local queue of the tasks that wait through this lease (made if need be)."""
+        ...
+
+    def existing_queue(self) -> LocalQueue | None:
+        """The local queue, if anyone is in it."""
+        ...
+
+    def generation(self) -> int | None:
+        """The release channel's generation if this process listens to it, else None."""
+        ...
+
+    async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
+        """Listen for releases (see :mod:`aiolock._notify`); None without notifications."""
+        ...
+
+    async def attempt(
+        self, token: str, ttl: float, deadline: float | None, waiter: str | None, mark_ms: int
+    ) -> Reply | None:
+        """One attempt to take the lock with ``token``; None if cut off at the deadline.
+
+        Raises:
+            Unanswered: no verdict from the server(s) in time.
+        """
+        ...
+
+    async def release(self, token: str, until: float) -> bool:
+        """Delete the lock if it holds ``token``; False if it no longer did.
+
+        Bounded by ``until`` (the holding's lease end), after which the
+        server expires the key by itself.
+        """
+        ...
+
+    async def extend(self, token: str, ttl: float) -> bool:
+        """Reset the lease of ``token`` to ``ttl``; False if it is no longer ours."""
+        ...
+
+    async def undo(self, token: str) -> None:
+        """Delete the lock if it holds ``token``: shielded, bounded, best effort."""
+        ...
+
+    async def unmark(self, waiter: str) -> None:
+        """Take down the waiting marker if ``waiter`` raised it last: shielded, best effort."""
+        ...
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, heir_ttl: float, may_yield: bool
+    ) -> Reply | None:
+        """Release ``token`` straight to a local waiter; None if this lease cannot.
+
+        Returns ``(1, fence)`` when the lock now holds ``heir_token``;
+        ``(2, marker)`` when it was released for waiters elsewhere
+        (``may_yield``; ``marker`` as :func:`aiolock._queue.yield_wait`
+        takes it); ``(0, 0)`` when ``token`` no longer held it.
+        """
+        ...
+
+    async def held(self) -> bool:
+        """Whether anyone holds the lock now (asks the server)."""
+        ...
+
+    async def holds(self, token: str) -> bool:
+        """Whether ``token`` holds the lock now (asks the server)."""
+        ...
+
+
+@final
+class _Site:
+    """What the leases of one client share, looked up once per lock."""
+
+    __slots__ = ("listeners", "queues", "wire")
+
+    def __init__(self, client: Client) -> None:
+        self.wire = Wire(client)
+        self.queues = queues_of(client)
+        self.listeners = _notify.listeners_of(client)
+
+
+_sites: weakref.WeakKeyDictionary[Any, _Site] = weakref.WeakKeyDictionary()
+
+
+def _site(client: Client) -> _Site:
+    try:
+        return _sites[client]
+    except KeyError:
+        site = _sites[client] = _Site(client)
+        return site
+
+
+@final
+class ServerLease:
+    """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`)."""
+
+    __slots__ = (
+        "_acquire_keys",
+        "_cleanup",
+        "_listeners",
+        "_name",
+        "_notify",
+        "_queues",
+        "_release_args",
+        "_replica_fsync",
+        "_replica_timeout",
+        "_replicas",
+        "bare_first",
+        "fencing",
+        "gone",
+        "key",
+        "keys",
+        "marks",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        keys: Keys,
+        *,
+        ttl: float,
+        notify: bool = True,
+        fencing: bool = False,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        replica_fsync: bool = False,
+    ) -> None:
+        site = _site(client)
+        self.wire = site.wire
+        self._name = name
+        self.keys = keys
+        self.key = keys.lock
+        self._notify = notify
+        self.fencing = fencing
+        self._replicas = replicas
+        self._replica_timeout = replica_timeout
+        self._replica_fsync = replica_fsync
+        self._cleanup = min(ttl, CLEANUP_BOUND)
+        self.bare_first = not (fencing or replicas)
+        self.marks = True
+        self.gone = "the key was gone or held by another holder"
+        self._acquire_keys = (
+            (keys.lock, keys.marker, keys.fence) if fencing else (keys.lock, keys.marker)
+        )
+        self._release_args = (keys.channel, "1" if self.wire.cluster else "0")
+        self._queues = site.queues
+        self._listeners = site.listeners if notify else None
+
+    def check_ttl(self, value: object, name: str = "ttl") -> float:
+        """Check a lease: a finite number of seconds, at least 1 ms."""
+        return check_ttl(value, name)
+
+    def counted(self, ttl: float) -> float:
+        """The holder counts the whole lease (from when it sent the command)."""
+        return ttl
+
+    def queue(self) -> LocalQueue:
+        """The client's local queue for this key, shared by every lock object on it."""
+        return queue_for(self._queues, self.key)
+
+    def existing_queue(self) -> LocalQueue | None:
+        """The client's local queue for this key, if anyone is in it."""
+        return existing_queue(self._queues, self.key)
+
+    def generation(self) -> int | None:
+        """The release channel's generation if this process listens to it, else None."""
+        listeners = self._listeners
+        if not listeners:  # notify=False, or nobody of this client listens to anything
+            return None
+        return _notify.generation_in(listeners, self._release_args[0])
+
+    async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
+        """Listen for releases on the lock's channel (None with ``notify=False``)."""
+        if self._listeners is None:
+            return None
+        return await _notify.subscribe(self.wire.client, self._release_args[0], seen)
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def attempt(
+        self, token: str, ttl: float, deadline: float | None, waiter: str | None, mark_ms: int
+    ) -> Reply | None:
+        """Send one acquire attempt; None if it was cut off at the deadline.
+
+        An attempt without a ``waiter`` and without fencing is a bare ``SET NX
+        PX``: on an uncontended lock (the common case) it costs a tenth less
+        than the script, client and server together; if it fails, the reply
+        is ``(0, RETRY)`` and the scripted attempt follows, which gets the
+        PTTL (and, with ``mark_ms``, raises the waiting marker) in the same
+        round trip.
+
+        Whatever interrupts the attempt (cancellation, a redis-py error, the
+        deadline plus :data:`GRACE`), the ``SET`` may have reached the server,
+        so it is undone with the same token before this returns or raises.
+        """
+        ms = to_ms(ttl)
+        wire = self.wire
+        if wire.cluster:
+            await wire.ready()
+        try:
+            if deadline is None:
+                return await self._send(token, ms, waiter, mark_ms)
+            with Cutoff(deadline + GRACE) as cutoff:
+                reply = await self._send(token, ms, waiter, mark_ms)
+            if not cutoff.expired:
+                return reply
+        except BaseException:
+            await self.undo(token)
+            raise
+        await self.undo(token)
+        return None
+
+    async def _send(self, token: str, ms: int, waiter: str | None, mark_ms: int) -> Reply:
+        if self._replicas:
+            return await self._replicated(token, ms, waiter, mark_ms)
+        if waiter is None and not self.fencing:
+            if await self.wire.set_nx(self.key, token, ms):
+                return (1, 0)
+            return (0, RETRY)
+        reply = await self.wire.run(ACQUIRE, self._acquire_keys, (token, ms, waiter or "", mark_ms))
+        return (int(reply[0]), int(reply[1]))
+
+    async def _replicated(self, token: str, ms: int, waiter: str | None, mark_ms: int) -> Reply:
+        """An attempt that counts only once ``replicas`` replicas acknowledged it.
+
+        The acquire script and ``WAIT`` (or ``WAITAOF``) go in one pipeline,
+        so that it waits for this very write. An acquisition without the
+        acknowledgement in time is undone and answers ``(0, NOT_HELD)``.
+        """
+        wait_ms = max(1, int(self._replica_timeout * 1000))
+        then: tuple[Any, ...] = (
+            ("WAITAOF", 0, self._replicas, wait_ms)
+            if self._replica_fsync
+            else ("WAIT", self._replicas, wait_ms)
+        )
+        taken, acked = await self.wire.run_then(
+            ACQUIRE, self._acquire_keys, (token, ms, waiter or "", mark_ms), then
+        )
+        count = int(acked[1]) if self._replica_fsync else int(acked)
+        if int(taken[0]) and count < self._replicas:
+            await self.undo(token)
+            logger.info(
+                "acquisition of lock %r not acknowledged by %d replicas within %s s "
+                "(%d did); released it",
+                self._name,
+                self._replicas,
+                self._replica_timeout,
+                count,
+            )
+            return (0, NOT_HELD)
+        return (int(taken[0]), int(taken[1]))
+
+    async def unmark(self, waiter: str) -> None:
+        """Take down the waiting marker if it is ours: shielded, bounded, best effort."""
+        try:
+            await run_shielded(
+                lambda: self.wire.run(UNMARK, (self.keys.marker,), (waiter,)), self._cleanup
+            )
+        except Exception as exc:
+            logger.debug(
+                "could not take down the waiting marker of %r: %r (it expires by itself)",
+                self._name,
+                exc,
+            )
+
+    async def undo(self, token: str) -> None:
+        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        try:
+            await run_shielded(lambda: self.delete(token), self._cleanup)
+        except Exception as exc:
+            logger.debug(
+                "could not undo an attempt on %r: %r (the lease will expire it)", self._name, exc
+            )
+
+    # -- raw operations (a quorum of leases calls them on each node) -------------------
+
+    async def take(self, token: str, ttl: float) -> bool:
+        """One bare ``SET NX PX``: whether it took the lock (no undo, no cut-off)."""
+        return await self.wire.set_nx(self.key, token, to_ms(ttl))
+
+    async def delete(self, token: str) -> bool:
+        """The release script: delete the key if it holds ``token``, and announce it."""
+        return bool(await self.wire.run(RELEASE, (self.key,), (token, *self._release_args)))
+
+    async def value(self) -> Any:
+        """The token that holds the lock now (``GET``), or None."""
+        return await self.wire.get(self.key)
+
+    # -- holding -----------------------------------------------------------------------
+
+    async def release(self, token: str, until: float) -> bool:
+        """Delete the key if it holds ``token`` and announce it; cut off at ``until`` + GRACE.
+
+        Raises:
+            redis.exceptions.TimeoutError: no answer before ``until`` (the
+                lease end): the server expires the key by itself.
+        """
+        try:
+            with Cutoff(until + GRACE) as cutoff:
+                deleted = await self.delete(token)
+        except asyncio.CancelledError:
+            await self.undo(token)
+            raise
+        if cutoff.expired:
+            raise RedisTimeoutError(
+                f"releasing lock {self._name!r}: no answer before its lease ended; "
+                "the server expires the key by itself"
+            )
+        return deleted
+
+    async def extend(self, token: str, ttl: float) -> bool:
+        """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
+        return bool(await self.wire.run(EXTEND, (self.key,), (token, to_ms(ttl))))
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, heir_ttl: float, may_yield: bool
+    ) -> Reply | None:
+        """Swap ``token`` for ``heir_token`` in one script (see HANDOVER); None if it cannot.
+
+        An acquisition that replicas must acknowledge is taken on the server,
+        not handed over.
+        """
+        if not isinstance(heir, ServerLease) or self._replicas or heir._replicas:
+            return None
+        own = 0 if self.generation() is None else 1
+        args = (
+            token,
+            heir_token,
+            to_ms(heir_ttl),
+            *self._release_args,
+            own,
+            "1" if may_yield else "0",
+        )
+        reply = await self.wire.run(HANDOVER, heir._acquire_keys, args)
+        return (int(reply[0]), int(reply[1]))
+
+    async def held(self) -> bool:
+        """Whether the key exists (asks the server)."""
+        return await self.wire.exists(self.key)
+
+    async def holds(self, token: str) -> bool:
+        """Whether the key holds ``token`` (asks the server)."""
+        value = await self.wire.get(self.key)
+        return value is not None and value in (token, token.encode())

@@ -1,0 +1,115 @@
+"""What aiolock sends to one server, and the one place redis-py's errors are translated.
+
+Every command a lease sends goes through a :class:`Wire`: one per lock (a
+few attribute lookups), over the lock's own client. Commands are sent with
+``execute_command``, not redis-py's typed helpers: the same bytes on the
+wire without their argument checks, which cost as much as the rest of an
+uncontended acquire. Scripts are called by SHA and loaded on ``NOSCRIPT``.
+
+The translation: on a connection the server reset, redis-py turns
+``OSError`` into its ``ConnectionError``, but uvloop raises a bare
+``RuntimeError("unable to perform operation on <TCPTransport closed=True
+...>")`` instead, which would reach callers who catch ``RedisError``. Here it
+becomes redis-py's ``ConnectionError``; other errors pass unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from redis.asyncio import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+
+from ._scripts import Script
+from ._types import Client
+
+__all__ = ["Wire", "translated"]
+
+
+def translated(exc: RuntimeError) -> BaseException:
+    """redis-py's ``ConnectionError`` for uvloop's closed-transport error, else ``exc``."""
+    if "unable to perform operation on" in str(exc):
+        error = RedisConnectionError(f"the connection to the server was closed: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+@final
+class Wire:
+    """The commands of one client (a plain one or a cluster), errors translated."""
+
+    __slots__ = ("_execute", "client", "cluster")
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.cluster = isinstance(client, RedisCluster)
+        self._execute = client.execute_command
+
+    async def ready(self) -> None:
+        """Load a cluster's slot map before the first command (at once once loaded).
+
+        A fresh ``RedisCluster`` that loads its slot map while many commands
+        are in flight loses replies (redis-py 8.1).
+        """
+        if self.cluster:
+            try:
+                await self.client.initialize()
+            except RuntimeError as exc:
+                raise translated(exc) from None
+
+    async def set_nx(self, key: str, token: str, ms: int) -> bool:
+        """``SET key token NX PX ms``: whether it was set."""
+        try:
+            return bool(await self._execute("SET", key, token, "NX", "PX", ms))
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
+    async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply."""
+        try:
+            try:
+                return await self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._execute("SCRIPT LOAD", script.text)
+                return await self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
+    async def run_then(
+        self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...], then: tuple[Any, ...]
+    ) -> tuple[Any, Any]:
+        """Run ``script``, then the command ``then`` on the same connection (one pipeline).
+
+        ``WAIT`` counts the writes of its own connection: sent on another
+        pooled connection it would return at once.
+        """
+        try:
+            for _ in range(2):
+                pipe = self.client.pipeline(transaction=False)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                pipe.execute_command(*then)
+                try:
+                    first, second = await pipe.execute()
+                except NoScriptError:  # a restarted or flushed server: load it, then again
+                    await self._execute("SCRIPT LOAD", script.text)
+                    continue
+                return first, second
+        except RuntimeError as exc:
+            raise translated(exc) from None
+        raise NoScriptError(f"the script {script!r} could not be loaded")
+
+    async def get(self, key: str) -> Any:
+        """``GET key``."""
+        try:
+            return await self._execute("GET", key)
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
+    async def exists(self, key: str) -> bool:
+        """``EXISTS key``: whether the key is there."""
+        try:
+            return bool(await self._execute("EXISTS", key))
+        except RuntimeError as exc:
+            raise translated(exc) from None
