@@ -97,9 +97,7 @@ class LeaseLock:
 
     def __init__(
         self,
-        name: str,
         lease: Lease,
-        *,
         ttl: float,
         timeout: float | None,
         blocking: bool,
@@ -108,9 +106,13 @@ class LeaseLock:
         on_lost: Callable[[Any], object] | None,
         cancel_on_lost: bool,
         reentrant: bool,
+        /,
     ) -> None:
-        """Check the options every primitive has; ``name`` and ``ttl`` are checked already."""
-        self._name = name
+        """Check the options every primitive has, in the order of its signature.
+
+        The lease (with the name) and ``ttl`` come checked by the primitive.
+        """
+        self._name = lease.name
         self._lease = lease
         self._ttl = ttl
         self._timeout = check_timeout(timeout)

@@ -89,6 +89,8 @@ class Lease(Protocol):
     except :meth:`release`, whose cancellation undoes it too.
     """
 
+    #: The primitive's name, as given.
+    name: str
     #: The key (or, on several servers, the key on each): for messages and ``repr``.
     key: str
     #: The first attempt can be a cheaper one that only says taken or not (:data:`RETRY`).
@@ -206,7 +208,6 @@ class ServerLease:
         "_acquire_keys",
         "_cleanup",
         "_listeners",
-        "_name",
         "_notify",
         "_queues",
         "_release_args",
@@ -219,6 +220,7 @@ class ServerLease:
         "key",
         "keys",
         "marks",
+        "name",
         "wire",
     )
 
@@ -237,7 +239,7 @@ class ServerLease:
     ) -> None:
         site = _site(client)
         self.wire = site.wire
-        self._name = name
+        self.name = name
         self.keys = keys
         self.key = keys.lock
         self._notify = notify
@@ -352,7 +354,7 @@ class ServerLease:
             logger.info(
                 "acquisition of lock %r not acknowledged by %d replicas within %s s "
                 "(%d did); released it",
-                self._name,
+                self.name,
                 self._replicas,
                 self._replica_timeout,
                 count,
@@ -369,7 +371,7 @@ class ServerLease:
         except Exception as exc:
             logger.debug(
                 "could not take down the waiting marker of %r: %r (it expires by itself)",
-                self._name,
+                self.name,
                 exc,
             )
 
@@ -379,7 +381,7 @@ class ServerLease:
             await run_shielded(lambda: self.delete(token), self._cleanup)
         except Exception as exc:
             logger.debug(
-                "could not undo an attempt on %r: %r (the lease will expire it)", self._name, exc
+                "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc
             )
 
     # -- raw operations (a quorum of leases calls them on each node) -------------------
@@ -413,7 +415,7 @@ class ServerLease:
             raise
         if cutoff.expired:
             raise RedisTimeoutError(
-                f"releasing lock {self._name!r}: no answer before its lease ended; "
+                f"releasing lock {self.name!r}: no answer before its lease ended; "
                 "the server expires the key by itself"
             )
         return deleted

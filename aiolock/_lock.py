@@ -151,16 +151,7 @@ class AsyncLock(LeaseLock):
             replica_fsync=check_bool("replica_fsync", replica_fsync),
         )
         super().__init__(
-            name,
-            lease,
-            ttl=ttl,
-            timeout=timeout,
-            blocking=blocking,
-            backoff=backoff,
-            auto_renew=auto_renew,
-            on_lost=on_lost,
-            cancel_on_lost=cancel_on_lost,
-            reentrant=reentrant,
+            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant
         )
 
     def __repr__(self) -> str:

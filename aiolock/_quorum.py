@@ -95,7 +95,6 @@ class QuorumLease:
     """A lock held on a majority of independent servers (see :class:`~aiolock._lease.Lease`)."""
 
     __slots__ = (
-        "_name",
         "_node_timeout",
         "_nodes",
         "_queues",
@@ -104,12 +103,13 @@ class QuorumLease:
         "gone",
         "key",
         "marks",
+        "name",
         "quorum",
     )
 
     def __init__(self, nodes: Sequence[ServerLease], name: str, node_timeout: float) -> None:
         self._nodes = tuple(nodes)
-        self._name = name
+        self.name = name
         self._node_timeout = node_timeout
         self.key = self._nodes[0].key
         #: How many nodes must agree: a majority.
@@ -200,7 +200,7 @@ class QuorumLease:
         if failed:
             logger.debug(
                 "could not clear an attempt on %r from %d node(s): %r (the lease expires it)",
-                self._name,
+                self.name,
                 len(failed),
                 failed[-1],
             )
@@ -246,7 +246,7 @@ class QuorumLease:
         if granted >= self.quorum:
             logger.debug(
                 "lock %r: a majority granted it but the attempt took %.3f s of a %.3f s lease",
-                self._name,
+                self.name,
                 elapsed,
                 ttl,
             )
@@ -293,7 +293,7 @@ class QuorumLease:
             if ttl - elapsed - drift(ttl) > 0:
                 return True
             raise RedisTimeoutError(
-                f"extending lock {self._name!r} took {elapsed:.3f} s, more than the "
+                f"extending lock {self.name!r} took {elapsed:.3f} s, more than the "
                 f"{ttl:g} s lease it asked for"
             )
         raise failed[-1]

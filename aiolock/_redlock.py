@@ -110,14 +110,14 @@ class Redlock(LeaseLock):
             The default, exponential with full jitter, is the random retry
             delay the specification asks for, so that contenders that
             split the nodes between them do not keep doing so.
-        auto_renew: extend the lease every ``ttl/3`` while held.
-        on_lost: called with the lock when the lock is lost while held; may
-            be a coroutine function.
-        cancel_on_lost: cancel the body of ``async with`` at once when the
-            lock is lost (``LockLostError`` is raised in its place).
-        reentrant: let a task acquire the lock again while it holds it
-            (counted; each acquire needs its release).
-        prefix: the key prefix.
+        auto_renew: renew the lease by quorum every third of it while held.
+        on_lost: a callable (or coroutine function) given the lock when it
+            is lost while held.
+        cancel_on_lost: on a loss, cancel the body of ``async with`` at once
+            and raise ``LockLostError`` in its place.
+        reentrant: count re-acquisitions by the holding task instead of
+            refusing them (each needs its own release).
+        prefix: the key prefix, the same on every node.
         node_timeout: the limit in seconds of every node call (acquire,
             extend, release, queries, cleanup), below ``ttl``; by default
             ``min(0.1, ttl / 10)``. A node that does not answer in time
@@ -183,15 +183,15 @@ class Redlock(LeaseLock):
         name: str,
         *,
         ttl: float = 10.0,
+        node_timeout: float | None = None,
         timeout: float | None = None,
+        prefix: str = DEFAULT_PREFIX,
         blocking: bool = True,
         backoff: _backoff.Backoff | Callable[[int], float] | None = None,
-        auto_renew: bool = True,
         on_lost: Callable[[Redlock], object] | None = None,
-        cancel_on_lost: bool = False,
+        auto_renew: bool = True,
         reentrant: bool = False,
-        prefix: str = DEFAULT_PREFIX,
-        node_timeout: float | None = None,
+        cancel_on_lost: bool = False,
     ) -> None:
         self._clients = _check_clients(clients)
         keys = Keys(name, prefix)
@@ -212,16 +212,7 @@ class Redlock(LeaseLock):
         lease = QuorumLease(nodes, name, self._node_timeout)
         self._quorum = lease.quorum
         super().__init__(
-            name,
-            lease,
-            ttl=ttl,
-            timeout=timeout,
-            blocking=blocking,
-            backoff=backoff,
-            auto_renew=auto_renew,
-            on_lost=on_lost,
-            cancel_on_lost=cancel_on_lost,
-            reentrant=reentrant,
+            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant
         )
 
     def __repr__(self) -> str:
