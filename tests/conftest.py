@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 import redis.asyncio as redis
+from faultproxy import FaultProxy
+from support import LOOPS, Own, all_keys, connected, in_use_connections, listeners_gone, other_tasks
 
+import aiolock
+from aiolock import LockEvent
 from aiolock.testing import RedisServer, find_server_binary, server_version
 
 
@@ -24,14 +26,7 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run every async test on the default asyncio loop and on uvloop."""
-    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-        "asyncio": asyncio.new_event_loop
-    }
-    if sys.platform != "win32":  # uvloop is a dev dependency wherever it exists
-        import uvloop
-
-        factories["uvloop"] = uvloop.new_event_loop
-    return factories
+    return LOOPS
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -63,28 +58,34 @@ def private_server() -> Iterator[Callable[..., RedisServer]]:
         srv.stop()
 
 
-@pytest.fixture
-async def client(server: RedisServer) -> AsyncIterator[redis.Redis]:
-    """The client the locks under test use."""
-    c = redis.Redis.from_url(server.url)
-    yield c
-    await c.aclose()
+def _session_client(name: str, doc: str, **options: Any) -> Any:
+    """A fixture ``name``: a client of the session server with ``options``, closed after."""
+
+    async def fixture(server: RedisServer) -> AsyncIterator[redis.Redis]:
+        async with connected(server.url, **options) as c:
+            yield c
+
+    fixture.__doc__ = doc
+    return pytest.fixture(name=name)(fixture)
+
+
+client = _session_client("client", "The client the locks under test use.")
+other_client = _session_client(
+    "other_client", "A second client object: behaves like another process (its own local queue)."
+)
+admin = _session_client(
+    "admin",
+    "A separate client for assertions and fault injection, never used by a lock.",
+    decode_responses=True,
+)
 
 
 @pytest.fixture
-async def other_client(server: RedisServer) -> AsyncIterator[redis.Redis]:
-    """A second client object: behaves like another process (its own local queue)."""
-    c = redis.Redis.from_url(server.url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def admin(server: RedisServer) -> AsyncIterator[redis.Redis]:
-    """A separate client for assertions and fault injection, never used by a lock."""
-    c = redis.Redis.from_url(server.url, decode_responses=True)
-    yield c
-    await c.aclose()
+async def own(private_server: Callable[..., RedisServer]) -> AsyncIterator[Own]:
+    """A private server of the test's own, with a lock client and an admin (closed after)."""
+    srv = private_server()
+    async with connected(srv.url) as c, connected(srv.url, decode_responses=True) as a:
+        yield Own(srv, c, a)
 
 
 @pytest.fixture
@@ -94,38 +95,6 @@ def name(request: pytest.FixtureRequest) -> str:
     return f"{base}:{uuid.uuid4().hex[:8]}"
 
 
-def is_listener(task: asyncio.Task[Any]) -> bool:
-    """Whether ``task`` is the release-notification listener of a client.
-
-    Listeners outlive the waits that started them by a short linger, and end
-    by themselves; :func:`no_leaks` checks that they do.
-    """
-    return task.get_name().startswith("aiolock-notify")
-
-
-async def other_tasks() -> set[asyncio.Task[Any]]:
-    """The tasks of this loop but the caller and listeners, after letting finished ones go."""
-    for _ in range(3):
-        await asyncio.sleep(0)
-    me = asyncio.current_task()
-    return {t for t in asyncio.all_tasks() if t is not me and not is_listener(t)}
-
-
-async def listeners_gone(timeout: float = 3.0) -> bool:
-    """Wait until no release-notification listener task runs; False if one still does."""
-    deadline = time.monotonic() + timeout
-    while any(is_listener(t) for t in asyncio.all_tasks()):
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
-def in_use_connections(c: redis.Redis) -> int:
-    """How many connections of ``c``'s pool are checked out."""
-    return len(c.connection_pool._in_use_connections)
-
-
 @pytest.fixture
 async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncIterator[None]:
     """After the test: no task left running, no connection checked out, no key of ``name``."""
@@ -133,4 +102,45 @@ async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncI
     assert await other_tasks() == set(), "a task outlived the test"
     assert await listeners_gone(), "a release-notification listener did not stop by itself"
     assert in_use_connections(client) == 0, "a connection was left checked out"
-    assert await admin.keys(f"*{{{name}}}*") == [], "a key was left on the server"
+    assert await admin.keys(all_keys(name)) == [], "a key was left on the server"
+
+
+@pytest.fixture
+async def start_proxy() -> AsyncIterator[Callable[[RedisServer], Awaitable[FaultProxy]]]:
+    """Start fault-injecting TCP proxies in front of servers; all closed after the test."""
+    started: list[FaultProxy] = []
+
+    async def start(srv: RedisServer) -> FaultProxy:
+        p = await FaultProxy(srv.host, srv.port).start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        await p.aclose()
+
+
+@pytest.fixture
+async def proxy(
+    server: RedisServer, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]]
+) -> FaultProxy:
+    """A fault-injecting TCP proxy in front of the session server."""
+    return await start_proxy(server)
+
+
+@pytest.fixture
+async def proxied(proxy: FaultProxy) -> AsyncIterator[redis.Redis]:
+    """A client that talks to the session server through ``proxy``."""
+    async with connected(proxy.url) as c:
+        yield c
+
+
+@pytest.fixture
+def events() -> Iterator[list[LockEvent]]:
+    """Every LockEvent of the test, in order (an observer registered for the test only)."""
+    seen: list[LockEvent] = []
+    aiolock.add_observer(seen.append)
+    try:
+        yield seen
+    finally:
+        aiolock.remove_observer(seen.append)

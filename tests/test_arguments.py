@@ -4,6 +4,11 @@
 that yields negative or NaN delays, a client that is not redis.asyncio) fail at
 construction with ValueError/TypeError and a message that names the argument
 and the value." Construction never talks to the server.
+
+The arguments every primitive shares (name, ttl, timeout, the bool options,
+backoff, on_lost, prefix, and those of acquire() and extend()) are checked for
+every primitive in test_contract.py; here, what is AsyncLock's own: the client,
+its own options, and construction without a server.
 """
 
 from __future__ import annotations
@@ -19,36 +24,20 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.exceptions
-from conftest import other_tasks
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from support import all_keys, connections_made, names, other_tasks
 
 from aiolock import AsyncLock, backoff
+from aiolock._keys import Keys
 from aiolock.testing import RedisServer, free_port
 
 NAN = float("nan")
 INF = float("inf")
 
 BOOL_OPTIONS = ["blocking", "auto_renew", "notify", "cancel_on_lost", "reentrant", "fencing"]
-
-
-def names(arg: str, shown: str) -> str:
-    """A ``match=`` pattern: the message names ``arg`` and shows ``shown`` as a whole token."""
-    return (
-        rf"(?s)(?=.*\b{re.escape(arg)}\b)"
-        rf"(?=.*(?<![\w.]){re.escape(shown)}(?![\w.]))"
-    )
-
-
-def names_value(arg: str, value: object) -> str:
-    """A ``match=`` pattern: the message names ``arg`` and shows ``repr(value)``."""
-    return names(arg, repr(value))
-
-
-def connections_made(c: redis.asyncio.Redis) -> int:
-    """How many connections ``c``'s pool has opened and still keeps (idle or in use)."""
-    pool = c.connection_pool
-    return len(pool._available_connections) + len(pool._in_use_connections)
+#: The bool options Redlock does not take (the others are checked in test_contract.py).
+ASYNC_LOCK_ONLY_BOOL_OPTIONS = ["notify", "fencing"]
 
 
 async def assert_nothing_left(
@@ -56,7 +45,7 @@ async def assert_nothing_left(
 ) -> None:
     """The failed call sent nothing through ``client`` and left no key of ``name``."""
     assert connections_made(client) == 0, "a bad argument made the client connect"
-    assert await admin.keys(f"*{{{name}}}*") == []
+    assert await admin.keys(all_keys(name)) == []
 
 
 # --- client ---------------------------------------------------------------------------------------
@@ -92,100 +81,23 @@ async def test_sync_client_is_a_type_error_that_says_synchronous(
         assert len(sync_client.connection_pool._in_use_connections) == 0
     finally:
         sync_client.close()
-    assert await admin.keys(f"*{{{name}}}*") == []
+    assert await admin.keys(all_keys(name)) == []
 
 
 # --- name -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("bad_name", "error"),
-    [("", ValueError), (42, TypeError), (b"x", TypeError), (None, TypeError)],
-    ids=["empty", "int", "bytes", "None"],
-)
-async def test_bad_name(
-    bad_name: object,
-    error: type[Exception],
-    client: redis.asyncio.Redis,
-    admin: redis.asyncio.Redis,
-    name: str,
-    no_leaks: None,
-) -> None:
-    """An empty name is a ValueError; a name that is not a str is a TypeError; both name it."""
-    with pytest.raises(error, match=names_value("name", bad_name)):
-        AsyncLock(client, bad_name)  # type: ignore[arg-type]
-    await assert_nothing_left(client, admin, name)
-
-
 # --- keyword options ------------------------------------------------------------------------------
 
 
-class NegativeBackoff(backoff.Backoff):
-    """A user policy whose delays are negative."""
-
-    def delays(self) -> Iterator[float]:
-        while True:
-            yield -1
-
-
-class LaterNanBackoff(backoff.Backoff):
-    """A user policy that goes bad at its third delay."""
-
-    def delays(self) -> Iterator[float]:
-        yield 0.01
-        yield 0.02
-        while True:
-            yield NAN
-
-
-def _returns_x(attempt: int) -> Any:
-    return "x"
-
-
 def _option_cases() -> Iterator[Any]:
-    """(option, value, error, shown in the message) for every keyword option of AsyncLock."""
-    for value, error in [
-        (0, ValueError),
-        (-1, ValueError),
-        (0.0, ValueError),
-        (-0.5, ValueError),
-        (NAN, ValueError),
-        (INF, ValueError),
-        (-INF, ValueError),
-        (0.0001, ValueError),
-        ("10", TypeError),
-        (True, TypeError),
-        (None, TypeError),
-    ]:
-        yield pytest.param("ttl", value, error, repr(value), id=f"ttl={value!r}")
-    for value, error in [
-        (-1, ValueError),
-        (-0.001, ValueError),
-        (-INF, ValueError),
-        (NAN, ValueError),
-        ("5", TypeError),
-        (True, TypeError),
-    ]:
-        yield pytest.param("timeout", value, error, repr(value), id=f"timeout={value!r}")
-    for option in BOOL_OPTIONS:
+    """(option, value, error, shown in the message) for the options only AsyncLock has.
+
+    The options every primitive takes are checked in test_contract.py.
+    """
+    for option in ASYNC_LOCK_ONLY_BOOL_OPTIONS:
         for value in [1, 0, "yes", None]:
             yield pytest.param(option, value, TypeError, repr(value), id=f"{option}={value!r}")
-    for value in [42, "fast", 0.5]:
-        yield pytest.param("backoff", value, TypeError, repr(value), id=f"backoff={value!r}")
-    for label, policy, error, shown in [
-        ("lambda:-1.0", lambda n: -1.0, ValueError, "-1.0"),
-        ("lambda:nan", lambda n: NAN, ValueError, "nan"),
-        ("lambda:inf", lambda n: INF, ValueError, "inf"),
-        ("returns-x", _returns_x, TypeError, "'x'"),
-        ("from_callable:-1.0", backoff.from_callable(lambda n: -1.0), ValueError, "-1.0"),
-        ("subclass:-1", NegativeBackoff(), ValueError, "-1"),
-        ("subclass:nan-at-3rd", LaterNanBackoff(), ValueError, "nan"),
-    ]:
-        yield pytest.param("backoff", policy, error, shown, id=f"backoff={label}")
-    for value in [42, "callback"]:
-        yield pytest.param("on_lost", value, TypeError, repr(value), id=f"on_lost={value!r}")
-    for value in [None, 3, b"app:"]:
-        yield pytest.param("prefix", value, TypeError, repr(value), id=f"prefix={value!r}")
 
 
 @pytest.mark.parametrize(("option", "value", "error", "shown"), list(_option_cases()))
@@ -199,7 +111,7 @@ async def test_bad_option_fails_at_construction(
     name: str,
     no_leaks: None,
 ) -> None:
-    """Each bad keyword option raises at construction, naming the option and the bad value."""
+    """Each bad AsyncLock-only option raises at construction, naming the option and the value."""
     kwargs: dict[str, Any] = {option: value}
     with pytest.raises(error, match=names(option, shown)):
         AsyncLock(client, name, **kwargs)
@@ -237,94 +149,11 @@ async def test_good_values_are_accepted_and_normalized(
     AsyncLock(client, name, backoff=None)
     AsyncLock(client, name, on_lost=on_lost)
     AsyncLock(client, name, on_lost=lambda lock: None)
-    assert AsyncLock(client, name, prefix="app:").key == f"app:{{{name}}}"
+    assert AsyncLock(client, name, prefix="app:").key == Keys(name, "app:").lock
     await assert_nothing_left(client, admin, name)
 
 
 # --- acquire() and extend() arguments -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("timeout", "error"),
-    [(-1, ValueError), (-0.5, ValueError), (NAN, ValueError), ("5", TypeError), (True, TypeError)],
-    ids=["-1", "-0.5", "nan", "str", "True"],
-)
-async def test_acquire_rejects_a_bad_timeout_and_stays_usable(
-    timeout: object,
-    error: type[Exception],
-    client: redis.asyncio.Redis,
-    admin: redis.asyncio.Redis,
-    name: str,
-    no_leaks: None,
-) -> None:
-    """acquire(timeout=bad) raises naming timeout, sends nothing, and the lock still works."""
-    lock = AsyncLock(client, name)
-    with pytest.raises(error, match=names_value("timeout", timeout)):
-        await lock.acquire(timeout=timeout)  # type: ignore[arg-type]
-    await assert_nothing_left(client, admin, name)
-    assert await lock.acquire(timeout=0) is True
-    await lock.release()
-
-
-@pytest.mark.parametrize("blocking", ["no", 1, 0.0])
-async def test_acquire_rejects_a_non_bool_blocking(
-    blocking: object,
-    client: redis.asyncio.Redis,
-    admin: redis.asyncio.Redis,
-    name: str,
-    no_leaks: None,
-) -> None:
-    """acquire(blocking=non-bool) is a TypeError naming blocking; nothing is sent."""
-    lock = AsyncLock(client, name)
-    with pytest.raises(TypeError, match=names_value("blocking", blocking)):
-        await lock.acquire(blocking=blocking)  # type: ignore[arg-type]
-    await assert_nothing_left(client, admin, name)
-    assert await lock.acquire(blocking=False) is True
-    await lock.release()
-
-
-async def test_acquire_rejects_a_timeout_with_blocking_false(
-    client: redis.asyncio.Redis, admin: redis.asyncio.Redis, name: str, no_leaks: None
-) -> None:
-    """acquire(blocking=False, timeout=1) is a ValueError (documented), and nothing is sent."""
-    lock = AsyncLock(client, name)
-    with pytest.raises(ValueError, match=r"(?s)(?=.*\btimeout\b)(?=.*\bblocking\b)"):
-        await lock.acquire(blocking=False, timeout=1)
-    await assert_nothing_left(client, admin, name)
-
-
-@pytest.mark.parametrize(
-    ("ttl", "error"),
-    [
-        (0, ValueError),
-        (-1, ValueError),
-        (NAN, ValueError),
-        (INF, ValueError),
-        (0.0001, ValueError),
-        ("10", TypeError),
-        (True, TypeError),
-    ],
-    ids=["0", "-1", "nan", "inf", "0.0001", "str", "True"],
-)
-async def test_extend_rejects_a_bad_ttl_and_keeps_the_lease(
-    ttl: object,
-    error: type[Exception],
-    client: redis.asyncio.Redis,
-    admin: redis.asyncio.Redis,
-    name: str,
-    no_leaks: None,
-) -> None:
-    """extend(ttl=bad) raises naming ttl; the holding and its lease on the server are untouched."""
-    lock = AsyncLock(client, name, ttl=10.0)
-    assert await lock.acquire()
-    await admin.pexpire(lock.key, 7000)
-    with pytest.raises(error, match=names_value("ttl", ttl)):
-        await lock.extend(ttl=ttl)  # type: ignore[arg-type]
-    pttl = await admin.pttl(lock.key)
-    assert 5000 < pttl <= 7000, "a rejected extend changed the lease"
-    assert not lock.lost
-    assert await lock.owned()
-    await lock.release()
 
 
 # --- construction never talks to the server -------------------------------------------------------
@@ -396,7 +225,7 @@ async def test_construction_on_cluster_and_sentinel_clients_does_not_connect(nam
     try:
         for c in (cluster, master):
             lock = AsyncLock(c, name, fencing=True)
-            assert lock.key == f"aiolock:{{{name}}}"
+            assert lock.key == Keys(name).lock
         assert connections_made(master) == 0
     finally:
         await master.aclose()

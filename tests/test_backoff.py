@@ -12,6 +12,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
@@ -134,27 +135,29 @@ def test_from_callable_rejects_a_bad_delay_when_it_is_produced(
 # --- jittered policies: bounds --------------------------------------------------------------------
 
 
-def test_exponential_full_jitter_is_uniform_below_the_delay() -> None:
-    """jitter='full': the n-th delay is in [0, min(cap, base*factor**n)], and it varies."""
-    policy = backoff.exponential(0.01, 2.0, 0.08, jitter="full")
+def _jittered_samples(jitter: Literal["full", "equal"], floor: float) -> list[float]:
+    """200 draws of exponential(0.01, 2, 0.08, jitter): each delay in [floor*ceiling, ceiling].
+
+    Returns the last delay of each draw (at the cap, 0.08).
+    """
+    policy = backoff.exponential(0.01, 2.0, 0.08, jitter=jitter)
     ceilings = [0.01, 0.02, 0.04, 0.08, 0.08, 0.08]
     samples = [take(policy, 6) for _ in range(200)]
     for delays in samples:
         for delay, ceiling in zip(delays, ceilings, strict=True):
-            assert 0.0 <= delay <= ceiling
-    late = [d[-1] for d in samples]
+            assert ceiling * floor <= delay <= ceiling
+    return [d[-1] for d in samples]
+
+
+def test_exponential_full_jitter_is_uniform_below_the_delay() -> None:
+    """jitter='full': the n-th delay is in [0, min(cap, base*factor**n)], and it varies."""
+    late = _jittered_samples("full", floor=0.0)
     assert min(late) < 0.08 / 2 < max(late), "full jitter should spread over [0, delay]"
 
 
 def test_exponential_equal_jitter_keeps_half_the_delay() -> None:
     """jitter='equal': the n-th delay is in [delay/2, delay], and it varies."""
-    policy = backoff.exponential(0.01, 2.0, 0.08, jitter="equal")
-    ceilings = [0.01, 0.02, 0.04, 0.08, 0.08, 0.08]
-    samples = [take(policy, 6) for _ in range(200)]
-    for delays in samples:
-        for delay, ceiling in zip(delays, ceilings, strict=True):
-            assert ceiling / 2 <= delay <= ceiling
-    late = [d[-1] for d in samples]
+    late = _jittered_samples("equal", floor=0.5)
     assert len(set(late)) > 1, "equal jitter should vary"
     assert min(late) < 0.08 * 0.75 < max(late)
 

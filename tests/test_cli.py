@@ -25,15 +25,21 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from signal import Signals
 
 import pytest
 import redis
 
+from aiolock._keys import Keys
 from aiolock._run import redact_url, unavailable_message
 from aiolock.testing import LocalCluster, RedisServer, free_port
 
 #: The longest any single ``aiolock`` process of this module may run.
 PROCESS_BOUND = 20.0
+
+
+#: The ``script`` fixture: makes a Python script from source, returns its command line.
+Script = Callable[[str], list[str]]
 
 
 class Result:
@@ -146,11 +152,11 @@ def db(server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture
 def key(name: str) -> str:
     """The key of the test's lock under the default prefix."""
-    return f"aiolock:{{{name}}}"
+    return Keys(name).lock
 
 
 @pytest.fixture
-def script(tmp_path: Path) -> Callable[[str], list[str]]:
+def script(tmp_path: Path) -> Script:
     """Write a Python script into the test's directory; return the command that runs it."""
     count = 0
 
@@ -207,12 +213,7 @@ with open(log, "a") as f:
 
 
 def test_concurrent_runs_never_overlap(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
 ) -> None:
     """Three `aiolock run` started at once on one name run their commands one after another."""
     log = tmp_path / "log"
@@ -279,12 +280,7 @@ def test_verbose_logs_what_the_lock_does(cli: Cli, name: str) -> None:
 
 
 def test_the_command_sees_the_lock_name_and_fence(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
 ) -> None:
     """The command gets AIOLOCK_LOCK_NAME, and AIOLOCK_FENCE only with --fencing (never stale)."""
     out = tmp_path / "env.json"
@@ -307,9 +303,9 @@ def test_the_command_sees_the_lock_name_and_fence(
     assert first["AIOLOCK_LOCK_NAME"] == name
     assert int(first["AIOLOCK_FENCE"]) > 999
     assert int(second["AIOLOCK_FENCE"]) > int(first["AIOLOCK_FENCE"])
-    assert int(db.get(f"{key}:fence") or 0) == int(second["AIOLOCK_FENCE"])
+    assert int(db.get(Keys(name).fence) or 0) == int(second["AIOLOCK_FENCE"])
     assert db.exists(key) == 0
-    db.delete(f"{key}:fence")
+    db.delete(Keys(name).fence)
 
 
 def test_options_after_the_name_and_a_command_without_dashes(
@@ -337,12 +333,7 @@ time.sleep(30)
 
 
 def test_timeout_gives_up_without_running_the_command(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
 ) -> None:
     """With the lock held elsewhere, --timeout 0.3 exits 75 with one line and runs nothing."""
     started = tmp_path / "holder-started"
@@ -379,7 +370,7 @@ def test_a_signal_while_waiting_stops_the_wait_without_running_the_command(
     waiter = cli.start(
         "run", name, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"
     )
-    wait_for(lambda: db.exists(f"{key}:waiting") == 1, "the waiter to wait (its marker key)")
+    wait_for(lambda: db.exists(Keys(name).marker) == 1, "the waiter to wait (its marker key)")
     os.kill(waiter.pid, signal.SIGTERM)
     result = waiter.finish(timeout=5)
     assert result.returncode == 128 + signal.SIGTERM, result
@@ -414,13 +405,7 @@ while time.monotonic() < deadline:
 
 @pytest.mark.parametrize("how", ["overwrite", "delete"])
 def test_a_lost_lock_terminates_the_command_and_exits_70(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
-    how: str,
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script, how: str
 ) -> None:
     """If the key is taken over or deleted, the command gets SIGTERM and `aiolock run` exits 70."""
     job = cli.start(
@@ -447,12 +432,7 @@ def test_a_lost_lock_terminates_the_command_and_exits_70(
 
 
 def test_a_command_ignoring_sigterm_after_a_loss_is_killed_after_the_grace(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
 ) -> None:
     """A command that ignores SIGTERM after a loss gets SIGKILL --grace seconds later; exit 70."""
     job = cli.start(
@@ -483,7 +463,7 @@ def test_a_command_ignoring_sigterm_after_a_loss_is_killed_after_the_grace(
 
 
 def test_a_server_gone_mid_run_loses_the_lock_at_the_lease_end_and_exits_70(
-    private_server: Callable[..., RedisServer], tmp_path: Path, script: Callable[[str], list[str]]
+    private_server: Callable[..., RedisServer], tmp_path: Path, script: Script
 ) -> None:
     """The server dying while the command runs: the lock is lost by the lease end; exit 70."""
     srv = private_server()
@@ -616,8 +596,8 @@ def test_signals_are_forwarded_and_the_lock_is_held_until_the_command_exits(
     key: str,
     db: redis.Redis,
     tmp_path: Path,
-    script: Callable[[str], list[str]],
-    signum: signal.Signals,
+    script: Script,
+    signum: Signals,
 ) -> None:
     """A signal to `aiolock run` reaches the command; the lock stays held until it exits."""
     command = script(TRAPPING)
@@ -655,7 +635,7 @@ def _make_controlling_terminal() -> None:  # pragma: no cover - runs in the chil
 
 
 def test_ctrl_c_at_the_terminal_reaches_the_command_once(
-    server: RedisServer, name: str, tmp_path: Path, script: Callable[[str], list[str]]
+    server: RedisServer, name: str, tmp_path: Path, script: Script
 ) -> None:
     """Ctrl-C on the terminal of a foreground `aiolock run` reaches the command once, not twice."""
     controller, terminal = pty.openpty()
@@ -687,17 +667,17 @@ def test_a_signal_while_aiolock_closes_after_the_release_is_ignored(
     """Regression (issue 6 review): SIGINT after the release, while closing, is no traceback."""
     db.set(key, "someone-else", px=20_000)
     job = cli.start("run", "--fencing", name, "--", "true")
-    wait_for(lambda: db.exists(f"{key}:waiting") == 1, "the waiter to wait (its marker key)")
+    wait_for(lambda: db.exists(Keys(name).marker) == 1, "the waiter to wait (its marker key)")
     db.delete(key)
     # It takes the lock (the fence counter appears), runs `true` and releases it; then it
     # closes its client, which waits (about 0.25 s) for the release listener its wait
     # started to linger and end. The signal comes in that window.
-    wait_for(lambda: db.exists(f"{key}:fence") == 1 and db.exists(key) == 0, "the release")
+    wait_for(lambda: db.exists(Keys(name).fence) == 1 and db.exists(key) == 0, "the release")
     os.kill(job.pid, signal.SIGINT)
     result = job.finish()
     assert result.returncode == 0, result
     assert result.stderr == ""
-    db.delete(f"{key}:fence")
+    db.delete(Keys(name).fence)
 
 
 IGNORING = """
@@ -713,13 +693,7 @@ time.sleep(0.3)  # a copy passed on by aiolock would land within this
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM])
 def test_a_signal_ignored_at_start_stays_ignored_and_is_not_passed_on(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
-    signum: signal.Signals,
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script, signum: Signals
 ) -> None:
     """Regression (issue 6 review, nohup): a signal ignored at start stays ignored, unforwarded."""
     trap = signum.name.removeprefix("SIG")
@@ -784,12 +758,7 @@ def test_status_of_a_free_lock_exits_3(cli: Cli, name: str, key: str) -> None:
 
 
 def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
-    cli: Cli,
-    name: str,
-    key: str,
-    db: redis.Redis,
-    tmp_path: Path,
-    script: Callable[[str], list[str]],
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
 ) -> None:
     """`aiolock status` on a held lock exits 0 with the remaining lease and the holder's fence."""
     fence_file = tmp_path / "fence"
@@ -822,17 +791,17 @@ def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
     freed = cli("status", name)
     assert freed.returncode == 3, freed
     assert freed.stdout.endswith(f"last fence {fence}\n")
-    db.delete(f"{key}:fence")
+    db.delete(Keys(name).fence)
 
 
 def test_status_uses_the_prefix(cli: Cli, name: str, db: redis.Redis) -> None:
     """--prefix changes the key status looks at."""
-    db.set(f"jobs:{{{name}}}", "token", px=5000)
+    db.set(Keys(name, "jobs:").lock, "token", px=5000)
     assert cli("status", name).returncode == 3
     held = cli("status", "--prefix", "jobs:", "--json", name)
     assert held.returncode == 0, held
-    assert json.loads(held.stdout)["key"] == f"jobs:{{{name}}}"
-    db.delete(f"jobs:{{{name}}}")
+    assert json.loads(held.stdout)["key"] == Keys(name, "jobs:").lock
+    db.delete(Keys(name, "jobs:").lock)
 
 
 # -- servers and passwords ----------------------------------------------------------------
@@ -903,7 +872,7 @@ def test_a_rejected_password_exits_69_without_printing_it(
 
 
 def test_cluster_option_runs_and_reports_on_a_cluster(
-    cli: Cli, name: str, tmp_path: Path, script: Callable[[str], list[str]]
+    cli: Cli, name: str, tmp_path: Path, script: Script
 ) -> None:
     """--cluster talks to a Redis Cluster: run holds the lock there, status sees it."""
     started = tmp_path / "started"

@@ -38,28 +38,28 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
 import pytest
 import redis.asyncio as redis
-from conftest import listeners_gone, other_tasks
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisClusterException, RedisError
+from support import calls, eventually, keys_of, listeners_gone, other_tasks
 
 from aiolock import AsyncLock, LockLostError, backoff
 from aiolock import _scripts as scripts
+from aiolock._keys import DEFAULT_PREFIX, Keys
 from aiolock.testing import LocalCluster, RedisServer
 
 #: The backoff step of notified waiters: anything much faster came from a notification.
 LONG_STEP: Final = 5.0
 #: How soon a notified waiter must hold the lock (generous: 2 loaded cores).
 WAKE_BOUND: Final = 1.0
-#: The suffixes aiolock appends to a lock key for its companions.
-COMPANIONS: Final = (":waiting", ":fence", ":released")
+#: The suffix of the fencing counter, the one key a released lock may leave (DESIGN.md §2).
+FENCE_SUFFIX: Final = Keys("x").fence.removeprefix(Keys("x").lock)
 SLOTS: Final = 16384
 
 
@@ -103,15 +103,6 @@ def in_use(client: RedisCluster) -> int:
         free = set(node._free)
         busy += sum(1 for conn in node._connections if conn not in free)
     return busy
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 5.0) -> None:
-    """Poll ``check`` until it is true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 class Clients:
@@ -194,7 +185,7 @@ class Clients:
                         await admin.delete(key)
                 finally:
                     await admin.aclose()
-                left += [k for k in keys if not k.endswith(":fence")]
+                left += [k for k in keys if not k.endswith(FENCE_SUFFIX)]
         assert left == [], "keys were left on the cluster"
 
     async def close(self) -> None:
@@ -245,9 +236,14 @@ async def clients(tag: str) -> AsyncIterator[Clients]:
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def key_of(name: str, prefix: str = "aiolock:") -> str:
+def key_of(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The key aiolock uses for ``name`` (DESIGN.md §2)."""
-    return f"{prefix}{{{name}}}"
+    return Keys(name, prefix).lock
+
+
+def names_of(keys: Keys) -> tuple[str, ...]:
+    """The lock key and every companion key or channel of one lock."""
+    return (keys.lock, keys.marker, keys.fence, keys.channel)
 
 
 def spread_names(cluster: LocalCluster, tag: str, per_master: int) -> list[str]:
@@ -282,14 +278,13 @@ async def reset_stats(cluster: LocalCluster) -> None:
             await admin.aclose()
 
 
-async def calls(node: RedisServer, command: str) -> int:
+async def node_calls(node: RedisServer, command: str) -> int:
     """How many times ``node`` ran ``command`` since the last CONFIG RESETSTAT."""
     admin = direct(node)
     try:
-        entry = (await admin.info("commandstats")).get(f"cmdstat_{command}")
+        return await calls(admin, command)
     finally:
         await admin.aclose()
-    return int(entry["calls"]) if entry else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,12 +396,8 @@ class Monitors:
             await asyncio.wait_for(ready.wait(), 5.0)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
+        exc = exc_info[1]
         try:
             if exc is None:
                 for node in self._masters:
@@ -507,8 +498,8 @@ async def test_contention_over_names_on_every_master(
     owners: dict[int, int] = {}
     for name in names:
         port = cluster.node_for_key(key_of(name)).port
-        for suffix in ("", *COMPANIONS):
-            owners[LocalCluster.slot_for_key(key_of(name) + suffix)] = port
+        for key in names_of(Keys(name)):
+            owners[LocalCluster.slot_for_key(key)] = port
 
     inside: Counter[str] = Counter()
     overlaps: list[str] = []
@@ -590,7 +581,7 @@ async def shard_subscribers(cluster: LocalCluster, lock: AsyncLock) -> int:
     """How many connections the master owning ``lock``'s slot has SSUBSCRIBEd to its channel."""
     admin = direct(cluster.node_for_key(lock.key))
     try:
-        [(_, count)] = await admin.pubsub_shardnumsub(f"{lock.key}:released")
+        [(_, count)] = await admin.pubsub_shardnumsub(keys_of(lock).channel)
     finally:
         await admin.aclose()
     return int(count)
@@ -602,7 +593,7 @@ async def shard_subscribed(cluster: LocalCluster, lock: AsyncLock, timeout: floa
     async def check() -> bool:
         return await shard_subscribers(cluster, lock) == 1
 
-    await eventually(check, f"SSUBSCRIBE {lock.key}:released on its master", timeout)
+    await eventually(check, f"SSUBSCRIBE {keys_of(lock).channel} on its master", timeout)
 
 
 async def release_wakes(holders: list[AsyncLock], waits: list[asyncio.Task[bool]]) -> None:
@@ -668,8 +659,8 @@ async def test_release_wakes_a_fresh_clients_waiter_through_sharded_pubsub(
     finally:
         await cancel(waits)
     for master in masters_of(cluster):
-        assert await calls(master, "ssubscribe") >= 1, master.port
-        assert await calls(master, "subscribe") == 0, master.port
+        assert await node_calls(master, "ssubscribe") >= 1, master.port
+        assert await node_calls(master, "subscribe") == 0, master.port
         errors = await error_replies(master)
         assert_lock_commands_clean(master.port, errors, fresh_clients=1)
     for waiter in waiters:
@@ -801,14 +792,14 @@ async def test_lock_keys_and_companions_share_one_slot(
         for template in (*NAMES, *(["}@"] if "{" in prefix else [])):
             name = template.replace("@", tag)
             key = key_of(name, prefix)
-            slots = {LocalCluster.slot_for_key(key + s) for s in ("", *COMPANIONS)}
+            slots = {LocalCluster.slot_for_key(k) for k in names_of(Keys(name, prefix))}
             assert slots == {LocalCluster.slot_for_key(key)}, (prefix, name)
             assert a.keyslot(key) == LocalCluster.slot_for_key(key), (prefix, name)
             assert await exercise(a, b, name, prefix) == key
             owner = direct(cluster.node_for_key(key))
             try:
                 # The fencing counter lives on the slot's master: no MOVED.
-                assert await owner.exists(f"{key}:fence") == 1, (prefix, name)
+                assert await owner.exists(Keys(name, prefix).fence) == 1, (prefix, name)
             finally:
                 await owner.aclose()
 

@@ -20,6 +20,7 @@ from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import AsyncLock
+from aiolock._keys import Keys
 from aiolock.testing import RedisServer
 
 
@@ -66,6 +67,6 @@ async def test_reset_connection_raises_redis_connection_error(
     assert str(error), "the error has no message"
     admin = redis.Redis.from_url(server.url)
     try:
-        assert await admin.exists(f"aiolock:{{{name}}}") == 0
+        assert await admin.exists(Keys(name).lock) == 0
     finally:
         await admin.aclose()

@@ -8,32 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import redis.asyncio as redis
+from support import load_example
 
 from aiolock import AsyncLock, LockLostError
+from aiolock._keys import Keys
 from aiolock.testing import RedisServer
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "fenced_write.py"
-
-
-def load_example() -> ModuleType:
-    """Import ``examples/fenced_write.py`` by path (examples are not a package)."""
-    spec = importlib.util.spec_from_file_location("fenced_write_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load_example()
+example = load_example("fenced_write.py")
 
 
 async def test_the_demo_rejects_the_paused_holders_late_write(
@@ -58,7 +42,7 @@ async def test_only_the_newest_fence_writes(
             fences.append(lock.fence)
     first, second, third = fences
     assert first < second < third
-    key = f"resource:{{{name}}}"
+    key = Keys(name, "resource:").lock
     try:
         assert await store.write(key, "second", fence=second)
         assert not await store.write(key, "first", fence=first)
@@ -69,7 +53,7 @@ async def test_only_the_newest_fence_writes(
         with pytest.raises(ValueError, match="fence is None"):
             await store.write(key, "unfenced", fence=None)
     finally:
-        await admin.delete(key, f"aiolock:{{{name}}}:fence")
+        await admin.delete(key, Keys(name).fence)
 
 
 async def test_concurrent_holders_never_let_a_stale_write_through(
@@ -82,7 +66,7 @@ async def test_concurrent_holders_never_let_a_stale_write_through(
     fence written: the value never went back.
     """
     store = example.FencedStore(client)
-    key = f"resource:{{{name}}}"
+    key = Keys(name, "resource:").lock
     outcomes: list[tuple[int, bool]] = []
 
     async def holder(c: redis.Redis, pause: float) -> None:
@@ -106,4 +90,4 @@ async def test_concurrent_holders_never_let_a_stale_write_through(
         assert all(fence < max(written) for fence in refused)
         assert await store.read(key) == str(max(written))
     finally:
-        await admin.delete(key, f"aiolock:{{{name}}}:fence")
+        await admin.delete(key, Keys(name).fence)

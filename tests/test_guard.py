@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as redis
 
 from aiolock import AcquireTimeout, AsyncLock, LockError, LockLostError, guard
+from aiolock._keys import Keys
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -61,9 +62,9 @@ async def test_the_name_uses_bound_arguments_defaults_keywords_and_attributes(
     await charge(user=User(8), amount=1, region="us")
     await charge(User(9), 3, "ap")
     assert seen == [
-        [f"aiolock:{{{name}:7:eu}}"],
-        [f"aiolock:{{{name}:8:us}}"],
-        [f"aiolock:{{{name}:9:ap}}"],
+        [Keys(f"{name}:7:eu").lock],
+        [Keys(f"{name}:8:us").lock],
+        [Keys(f"{name}:9:ap").lock],
     ]
 
 
@@ -80,7 +81,7 @@ async def test_a_callable_name_and_a_callable_client_are_used_at_each_call(
 
     @guard(current_client, lambda a, b=2: f"{name}:{a + b}", ttl=5.0, prefix="jobs:")
     async def work(a: int, b: int = 2) -> int:
-        held.append(bool(await admin.exists(f"jobs:{{{name}:{a + b}}}")))
+        held.append(bool(await admin.exists(Keys(f"{name}:{a + b}", "jobs:").lock)))
         return a * b
 
     assert await work(3) == 6
@@ -119,15 +120,15 @@ async def test_a_lock_lost_during_the_call_raises_after_it(
 
     @guard(client, name, ttl=5.0)
     async def job() -> str:
-        await admin.set(f"aiolock:{{{name}}}", "someone else", px=5000)
+        await admin.set(Keys(name).lock, "someone else", px=5000)
         finished.append(True)
         return "result"
 
     with pytest.raises(LockLostError):
         await job()
     assert finished == [True]
-    assert await admin.get(f"aiolock:{{{name}}}") == "someone else"
-    await admin.delete(f"aiolock:{{{name}}}")
+    assert await admin.get(Keys(name).lock) == "someone else"
+    await admin.delete(Keys(name).lock)
 
 
 async def test_cancel_on_lost_cancels_the_call_at_the_loss(
@@ -138,14 +139,14 @@ async def test_cancel_on_lost_cancels_the_call_at_the_loss(
 
     @guard(client, name, ttl=0.3, cancel_on_lost=True)
     async def job() -> None:
-        await admin.set(f"aiolock:{{{name}}}", "someone else", px=5000)
+        await admin.set(Keys(name).lock, "someone else", px=5000)
         await asyncio.sleep(5)
         reached_end.append(True)
 
     with pytest.raises(LockLostError):
         await asyncio.wait_for(job(), timeout=3)
     assert reached_end == []
-    await admin.delete(f"aiolock:{{{name}}}")
+    await admin.delete(Keys(name).lock)
 
 
 async def test_the_function_s_exception_propagates_and_the_lock_is_released(
@@ -159,7 +160,7 @@ async def test_the_function_s_exception_propagates_and_the_lock_is_released(
 
     with pytest.raises(KeyError, match="boom"):
         await job()
-    assert await admin.exists(f"aiolock:{{{name}}}") == 0
+    assert await admin.exists(Keys(name).lock) == 0
 
 
 async def test_the_wrapper_keeps_name_docstring_and_signature(client: redis.Redis) -> None:
@@ -237,7 +238,7 @@ async def test_format_specs_conversions_and_nested_spec_fields_fill_the_name(
         keys.extend(str(k) for k in await admin.keys(f"*{{{name}:*"))
 
     await settle(42, "a")
-    assert keys == [f"aiolock:{{{name}:00042:a:  n}}"]
+    assert keys == [Keys(f"{name}:00042:a:  n").lock]
 
 
 async def test_a_guarded_call_nested_in_another_for_the_same_name_raises_lock_error(

@@ -15,25 +15,20 @@ import math
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import pytest
 import redis.asyncio as redis
-from conftest import in_use_connections
 from faultproxy import FaultProxy
 from redis.crc import key_slot
+from support import CriticalSection, all_keys, calls, connections_made, in_use_connections, keys_of
 
-from aiolock import (
-    AcquireTimeout,
-    AsyncLock,
-    LockError,
-    LockLostError,
-    LockNotOwnedError,
-    backoff,
-)
+import aiolock
+from aiolock import AsyncLock, LockError, LockNotOwnedError, backoff
+from aiolock._keys import Keys
 from aiolock._scripts import ACQUIRE, EXTEND
 from aiolock.testing import RedisServer
 
@@ -57,17 +52,18 @@ async def held_elsewhere(c: redis.Redis, lock_name: str) -> AsyncIterator[AsyncL
         await holder.release()
 
 
-async def calls(admin: redis.Redis, command: str) -> int:
-    """How many times the server ran ``command`` since the last CONFIG RESETSTAT."""
-    stats = await admin.info("commandstats")
-    entry = stats.get(f"cmdstat_{command}")
-    return int(entry["calls"]) if entry else 0
-
-
-def created_connections(c: redis.Redis) -> int:
-    """How many connections ``c``'s pool has opened and still keeps."""
-    pool = c.connection_pool
-    return len(pool._available_connections) + len(pool._in_use_connections)
+async def waits_while_held_elsewhere(
+    lock: AsyncLock, acquire: Coroutine[Any, Any, bool], elsewhere: redis.Redis, held_for: float
+) -> None:
+    """``acquire`` of ``lock`` waits while another client holds it, and gets it after release."""
+    async with held_elsewhere(elsewhere, lock.name):
+        waiter = asyncio.create_task(acquire)
+        done, _ = await asyncio.wait({waiter}, timeout=held_for)
+        assert not done, "acquire() gave up or got a held lock"
+    with anyio.fail_after(2):
+        assert await waiter
+    await asyncio.create_task(lock.release())  # a hand-off ends the waiter's holding
+    assert not await lock.locked()
 
 
 async def int_value(admin: redis.Redis, key: str) -> int:
@@ -83,22 +79,6 @@ async def stored_token(admin: redis.Redis, lock: AsyncLock) -> str:
 
 
 # --- 1. basics -----------------------------------------------------------------------------------
-
-
-async def test_async_with_acquires_and_releases(
-    client: redis.Redis, admin: redis.Redis, name: str
-) -> None:
-    """`async with` holds the key on the server inside the body and deletes it on exit."""
-    lock = AsyncLock(client, name)
-    assert not await lock.locked()
-    async with lock as entered:
-        assert entered is lock
-        assert await admin.exists(lock.key) == 1
-        assert await lock.locked()
-        assert await lock.owned()
-    assert await admin.exists(lock.key) == 0
-    assert not await lock.locked()
-    assert not await lock.owned()
 
 
 async def test_locked_and_owned_ask_the_server(
@@ -165,7 +145,7 @@ async def test_release_leaves_nothing(client: redis.Redis, admin: redis.Redis, n
     await lock.extend()
     assert 0 < await admin.pttl(lock.key) <= 5000
     await lock.release()
-    assert await admin.keys(f"*{{{name}}}*") == []
+    assert await admin.keys(all_keys(name)) == []
 
 
 async def test_fencing_counter_is_the_only_key_left_and_increases(
@@ -174,14 +154,14 @@ async def test_fencing_counter_is_the_only_key_left_and_increases(
     """With fencing=True only `<key>:fence` remains, and fences increase across clients."""
     mine = AsyncLock(client, name, fencing=True)
     theirs = AsyncLock(other_client, name, fencing=True)
-    fence_key = f"aiolock:{{{name}}}:fence"
+    fence_key = Keys(name).fence
     fences: list[int] = []
     try:
         for lock in (mine, theirs, mine, mine, theirs):
             async with lock:
                 assert lock.fence is not None
                 fences.append(lock.fence)
-            assert await admin.keys(f"*{{{name}}}*") == [fence_key]
+            assert await admin.keys(all_keys(name)) == [fence_key]
         assert fences == sorted(set(fences)), fences
         assert await int_value(admin, fence_key) == fences[-1]
     finally:
@@ -194,11 +174,11 @@ async def test_all_keys_of_a_lock_share_one_hash_slot(
     """The lock key, the fence counter and the release channel hash to the same slot."""
     lock = AsyncLock(client, name, fencing=True)
     pubsub = admin.pubsub()
-    fence_key = f"{lock.key}:fence"
+    fence_key = keys_of(lock).fence
     try:
-        await pubsub.psubscribe(f"*{{{name}}}*")
+        await pubsub.psubscribe(all_keys(name))
         async with lock:
-            keys = await admin.keys(f"*{{{name}}}*")
+            keys = await admin.keys(all_keys(name))
         message = None
         with anyio.move_on_after(2.0):
             while message is None:
@@ -252,7 +232,7 @@ async def test_lock_works_after_script_flush(
     assert not await lock.locked()
     assert await calls(admin, "script|load") >= 3
     assert await calls(admin, "eval") == 0
-    await admin.delete(f"{lock.key}:fence")  # the fencing counter is meant to stay
+    await admin.delete(keys_of(lock).fence)  # the fencing counter is meant to stay
 
 
 # --- 3. mutual exclusion -------------------------------------------------------------------------
@@ -309,31 +289,24 @@ async def test_mutual_exclusion_across_processes(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        await admin.delete(busy, total, go, fences, f"aiolock:{{{name}}}:fence")
+        await admin.delete(busy, total, go, fences, Keys(name).fence)
 
 
 async def test_mutual_exclusion_in_process_over_two_clients(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """50 coroutines on two client objects, each with its own lock object, never overlap."""
-    inside = 0
-    overlaps = 0
-    holdings = 0
+    section = CriticalSection()
 
     async def worker(c: redis.Redis) -> None:
-        nonlocal inside, overlaps, holdings
         lock = AsyncLock(c, name, timeout=10.0)
         for _ in range(2):
             async with lock:
-                inside += 1
-                overlaps += inside != 1
-                await asyncio.sleep(0.001)
-                inside -= 1
-                holdings += 1
+                await section.stay()
 
     await asyncio.gather(*(worker((client, other_client)[i % 2]) for i in range(50)))
-    assert overlaps == 0
-    assert holdings == 100
+    assert section.overlaps == 0
+    assert section.holdings == 100
 
 
 # --- 4. ownership inside a process (§6) ----------------------------------------------------------
@@ -342,20 +315,16 @@ async def test_mutual_exclusion_in_process_over_two_clients(
 async def test_shared_lock_object_excludes_tasks(client: redis.Redis, name: str) -> None:
     """Tasks sharing one AsyncLock object exclude each other."""
     lock = AsyncLock(client, name, timeout=10.0)
-    inside = 0
-    overlaps = 0
+    section = CriticalSection()
 
     async def worker() -> None:
-        nonlocal inside, overlaps
         for _ in range(3):
             async with lock:
-                inside += 1
-                overlaps += inside != 1
-                await asyncio.sleep(0.001)
-                inside -= 1
+                await section.stay()
 
     await asyncio.gather(*(worker() for _ in range(20)))
-    assert overlaps == 0
+    assert section.overlaps == 0
+    assert section.holdings == 60
 
 
 async def test_second_task_waits_while_first_holds(client: redis.Redis, name: str) -> None:
@@ -375,72 +344,6 @@ async def test_second_task_waits_while_first_holds(client: redis.Redis, name: st
 
     await asyncio.create_task(let_go())
     assert not await lock.locked()
-
-
-async def test_reacquire_non_reentrant_raises_at_once(client: redis.Redis, name: str) -> None:
-    """A task re-acquiring a non-reentrant lock it holds gets LockError at once, still holding."""
-    lock = AsyncLock(client, name)
-    async with lock:
-        started = time.monotonic()
-        with anyio.fail_after(1), pytest.raises(LockError):
-            await lock.acquire()
-        with anyio.fail_after(1), pytest.raises(LockError):
-            async with lock:
-                pass
-        assert time.monotonic() - started < 0.1
-        assert await lock.owned()
-    assert not await lock.locked()
-
-
-async def test_reentrant_counts_depth(client: redis.Redis, admin: redis.Redis, name: str) -> None:
-    """With reentrant=True a task re-enters; the key stays until the last release; others wait."""
-    lock = AsyncLock(client, name, reentrant=True)
-    assert await lock.acquire()
-    token = await stored_token(admin, lock)
-    assert await lock.acquire()
-    async with lock:
-        assert await stored_token(admin, lock) == token
-    waiter = asyncio.create_task(lock.acquire())
-    await lock.release()  # depth 2 -> 1
-    assert await stored_token(admin, lock) == token
-    assert await lock.owned()
-    done, _ = await asyncio.wait({waiter}, timeout=0.2)
-    assert not done, "another task got a lock still held re-entrantly"
-    await lock.release()  # depth 1 -> 0: the lock goes to the waiter
-    with anyio.fail_after(2):
-        assert await waiter
-    assert await stored_token(admin, lock) != token
-    await asyncio.create_task(lock.release())  # a hand-off ends the waiter's holding
-    assert not await lock.locked()
-    with pytest.raises(LockNotOwnedError):
-        await lock.release()
-
-
-async def test_release_from_another_task_is_a_hand_off(client: redis.Redis, name: str) -> None:
-    """release() from another task ends the current holding; `async with` then exits quietly."""
-    lock = AsyncLock(client, name)
-    assert await lock.acquire()
-    await asyncio.create_task(lock.release())
-    assert not await lock.locked()
-    assert not await lock.owned()
-    with pytest.raises(LockNotOwnedError):
-        await lock.release()
-
-    async with lock:
-        assert await lock.owned()
-        await asyncio.create_task(lock.release())
-        assert not await lock.locked()
-    assert await lock.acquire(timeout=0)  # the releasing task did end our holding
-    await lock.release()
-
-
-async def test_release_never_acquired_raises(client: redis.Redis, name: str) -> None:
-    """release() of a lock that was never acquired raises LockNotOwnedError."""
-    lock = AsyncLock(client, name)
-    with pytest.raises(LockNotOwnedError):
-        await lock.release()
-    with pytest.raises(LockNotOwnedError):
-        await lock.extend()
 
 
 async def test_same_key_through_second_object_raises(client: redis.Redis, name: str) -> None:
@@ -483,26 +386,6 @@ async def test_try_once(
         assert await calls(admin, "evalsha") == 0
 
 
-async def test_blocking_false_with_timeout_is_rejected(client: redis.Redis, name: str) -> None:
-    """acquire(blocking=False, timeout=1) raises ValueError and sends nothing."""
-    lock = AsyncLock(client, name)
-    with pytest.raises(ValueError, match="timeout"):
-        await lock.acquire(blocking=False, timeout=1)
-    assert not await lock.locked()
-
-
-async def test_acquire_timeout_returns_false_in_time(
-    client: redis.Redis, other_client: redis.Redis, name: str
-) -> None:
-    """acquire(timeout=0.3) on a lock held elsewhere returns False after 0.3 s, not much later."""
-    async with held_elsewhere(other_client, name):
-        lock = AsyncLock(client, name)
-        started = time.monotonic()
-        assert not await lock.acquire(timeout=0.3)
-        elapsed = time.monotonic() - started
-        assert 0.3 <= elapsed < 0.4, elapsed
-
-
 async def test_long_backoff_is_capped_by_remaining_timeout(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
@@ -536,63 +419,15 @@ async def test_long_backoff_is_capped_by_holder_pttl(
             await holder.release()
 
 
-async def test_async_with_raises_acquire_timeout(
-    client: redis.Redis, other_client: redis.Redis, name: str
-) -> None:
-    """`async with` a lock held elsewhere raises AcquireTimeout, a TimeoutError and a LockError."""
-    async with held_elsewhere(other_client, name) as holder:
-        body_ran = False
-        with pytest.raises(AcquireTimeout) as caught:
-            async with AsyncLock(client, name, timeout=0.1):
-                body_ran = True
-        assert isinstance(caught.value, TimeoutError)
-        assert isinstance(caught.value, LockError)
-        with pytest.raises(TimeoutError):
-            async with AsyncLock(client, name, blocking=False):
-                body_ran = True
-        assert not body_ran
-        assert await holder.owned()
-
-
 async def test_timeout_none_waits_until_release(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """timeout=None waits as long as the lock is held and gets it after the release."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
     lock = AsyncLock(client, name, timeout=None)
-    waiter = asyncio.create_task(lock.acquire())
-    try:
-        done, _ = await asyncio.wait({waiter}, timeout=0.3)
-        assert not done, "acquire() gave up or got a held lock"
-    finally:
-        await holder.release()
-    with anyio.fail_after(2):
-        assert await waiter
-    await asyncio.create_task(lock.release())
-    assert not await lock.locked()
+    await waits_while_held_elsewhere(lock, lock.acquire(), other_client, held_for=0.3)
 
 
 # --- 6. local FIFO -------------------------------------------------------------------------------
-
-
-async def test_local_waiters_are_served_in_arrival_order(client: redis.Redis, name: str) -> None:
-    """Five tasks queued on one held lock object acquire it in the order they arrived."""
-    lock = AsyncLock(client, name)
-    order: list[int] = []
-
-    async def take(i: int) -> None:
-        async with lock:
-            order.append(i)
-
-    async with lock:
-        tasks = []
-        for i in range(5):
-            tasks.append(asyncio.create_task(take(i)))
-            await asyncio.sleep(0.01)
-    with anyio.fail_after(3):
-        await asyncio.gather(*tasks)
-    assert order == [0, 1, 2, 3, 4]
 
 
 async def test_other_client_gets_the_lock_after_local_waiters(
@@ -700,19 +535,8 @@ async def test_spin_waiter_gets_the_lock(
     client: redis.Redis, other_client: redis.Redis, name: str
 ) -> None:
     """A backoff.spin() waiter still lets the loop run and gets the lock after the release."""
-    holder = AsyncLock(other_client, name)
-    assert await holder.acquire()
     lock = AsyncLock(client, name, backoff=backoff.spin())
-    waiter = asyncio.create_task(lock.acquire(timeout=3.0))
-    try:
-        await asyncio.sleep(0.05)
-        assert not waiter.done()
-    finally:
-        await holder.release()
-    with anyio.fail_after(2):
-        assert await waiter
-    await asyncio.create_task(lock.release())
-    assert not await lock.locked()
+    await waits_while_held_elsewhere(lock, lock.acquire(timeout=3.0), other_client, held_for=0.05)
 
 
 async def test_default_backoff_is_bounded_and_wakes_at_expiry(
@@ -745,12 +569,12 @@ async def test_default_backoff_is_bounded_and_wakes_at_expiry(
 
 async def test_exception_hierarchy() -> None:
     """AcquireTimeout is a TimeoutError and a LockError, LockLostError < LockNotOwnedError < it."""
-    assert issubclass(AcquireTimeout, TimeoutError)
-    assert issubclass(AcquireTimeout, LockError)
-    assert issubclass(LockLostError, LockNotOwnedError)
-    assert issubclass(LockNotOwnedError, LockError)
-    assert issubclass(LockError, Exception)
-    assert not issubclass(LockNotOwnedError, TimeoutError)
+    assert issubclass(aiolock.AcquireTimeout, TimeoutError)
+    assert issubclass(aiolock.AcquireTimeout, aiolock.LockError)
+    assert issubclass(aiolock.LockLostError, aiolock.LockNotOwnedError)
+    assert issubclass(aiolock.LockNotOwnedError, aiolock.LockError)
+    assert issubclass(aiolock.LockError, Exception)
+    assert not issubclass(aiolock.LockNotOwnedError, TimeoutError)
 
 
 # --- 9. connection hygiene -----------------------------------------------------------------------
@@ -770,33 +594,25 @@ async def test_uncontended_cycles_do_not_leak_connections(
             assert await lock.acquire()
             await lock.release()
     assert in_use_connections(client) == 0
-    created = created_connections(client)
+    created = connections_made(client)
     assert 1 <= created <= 2, created
     after = len(await admin.client_list())
     assert after - before <= created, (before, after, created)
 
 
 async def test_a_grant_that_arrives_after_its_lease_is_not_a_lock(
-    server: RedisServer, name: str
+    proxy: FaultProxy, proxied: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
     """A reply slower than the lease it grants is undone and counts as a failed attempt."""
-    proxy = await FaultProxy(server.host, server.port).start()
-    c = redis.Redis.from_url(proxy.url)
-    adm = redis.Redis.from_url(server.url)
-    try:
-        await c.ping()  # the connection is ready; now every reply comes 0.15 s late
-        proxy.set_latency(0.15)
-        lock = AsyncLock(c, name, ttl=0.1)
-        assert not await lock.acquire(timeout=0.5)
-        assert not lock.lost
-        assert await adm.exists(lock.key) == 0
-        proxy.pass_through()
-        assert await lock.acquire(timeout=1.0)  # a fast enough server: held as usual
-        await lock.release()
-    finally:
-        await c.aclose()
-        await adm.aclose()
-        await proxy.aclose()
+    await proxied.ping()  # the connection is ready; now every reply comes 0.15 s late
+    proxy.set_latency(0.15)
+    lock = AsyncLock(proxied, name, ttl=0.1)
+    assert not await lock.acquire(timeout=0.5)
+    assert not lock.lost
+    assert await admin.exists(lock.key) == 0
+    proxy.pass_through()
+    assert await lock.acquire(timeout=1.0)  # a fast enough server: held as usual
+    await lock.release()
 
 
 class RecordingConnection(redis.Connection):
@@ -844,4 +660,4 @@ async def test_leases_on_the_wire_are_never_shorter_than_the_holder_counts(
         assert leases == {expected}, leases
     finally:
         await c.aclose()
-        await admin.delete(f"aiolock:{{{name}}}:fence")
+        await admin.delete(Keys(name).fence)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from conftest import listeners_gone
+from support import eventually, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER
@@ -72,7 +72,7 @@ async def tasks() -> AsyncIterator[Tasks]:
 
 def channel_of(lock: AsyncLock) -> str:
     """The channel a release of ``lock`` is announced on."""
-    return f"{lock.key}:released"
+    return keys_of(lock).channel
 
 
 async def numsub(admin: redis.Redis, channel: str) -> int:
@@ -103,20 +103,6 @@ async def subscribe_calls(admin: redis.Redis) -> int:
 async def pubsub_clients(admin: redis.Redis) -> dict[str, int]:
     """The server's pub/sub connections: client id -> number of channels subscribed."""
     return {c["id"]: int(c["sub"]) for c in await admin.client_list(_type="pubsub")}
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 2.0
-) -> None:
-    """Poll ``check`` until it is true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = check()
-        if await outcome if inspect.isawaitable(outcome) else outcome:
-            return
-        if time.monotonic() >= deadline:
-            pytest.fail(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.005)
 
 
 async def subscribed(admin: redis.Redis, lock: AsyncLock, count: int = 1) -> None:
@@ -225,11 +211,40 @@ def faulty_client(server: RedisServer) -> tuple[redis.Redis, ClientFaults]:
     return redis.Redis.from_pool(pool), faults
 
 
+#: A client of the session server with faults to switch on, and its switches.
+Faulty = tuple[redis.Redis, ClientFaults]
+
+
+@pytest.fixture
+async def faulty(server: RedisServer, tasks: Tasks) -> AsyncIterator[Faulty]:
+    """A :func:`faulty_client`; after the test, its tasks end and its listener stops."""
+    c, faults = faulty_client(server)
+    try:
+        yield c, faults
+    finally:
+        faults.connecting.set()
+        await tasks.cancel_all()
+        assert await listeners_gone(), "the listener went on after its waiter left"
+        await c.aclose()
+
+
 async def hold(c: redis.Redis, lock_name: str, **options: Any) -> AsyncLock:
     """Acquire ``lock_name`` through ``c`` (another client object: another "process")."""
     holder = AsyncLock(c, lock_name, **options)
     assert await holder.acquire(timeout=2.0)
     return holder
+
+
+async def waiter_behind(
+    holder_client: redis.Redis, c: redis.Redis, lock_name: str, tasks: Tasks, **acquire: Any
+) -> tuple[AsyncLock, AsyncLock, asyncio.Task[bool]]:
+    """A holder on ``holder_client``, and on ``c`` a slow-backoff lock a task is acquiring.
+
+    Returns ``(holder, lock, waiter)``; ``acquire`` goes to ``lock.acquire``.
+    """
+    holder = await hold(holder_client, lock_name)
+    lock = AsyncLock(c, lock_name, backoff=backoff.constant(LONG_STEP))
+    return holder, lock, tasks.start(lock.acquire(**acquire))
 
 
 # --- 1. a release wakes a waiter at once ---------------------------------------------------------
@@ -239,9 +254,7 @@ async def test_release_wakes_a_waiter_on_another_client(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """A release wakes a waiter asleep in a 5 s backoff step: it holds within 1 s."""
-    holder = await hold(other_client, name)
-    lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-    waiter = tasks.start(lock.acquire())
+    holder, lock, waiter = await waiter_behind(other_client, client, name, tasks)
     await asleep_on_notification(admin, lock, waiter)
     await holder.release()
     assert await done_within(waiter, WAKE_BOUND, "the notified waiter holds")
@@ -293,60 +306,46 @@ async def test_expired_holder_is_replaced_at_its_pttl(
 
 
 async def test_waiter_polls_while_notifications_are_down(
-    server: RedisServer, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
+    faulty: Faulty, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """With its pub/sub connection killed and reconnects stuck, a waiter still polls its way in."""
     step = 0.2
-    c, faults = faulty_client(server)
-    try:
-        before = set(await pubsub_clients(admin))
-        holder = await hold(other_client, name)
-        lock = AsyncLock(c, name, backoff=backoff.constant(step))
-        waiter = tasks.start(lock.acquire())
-        await subscribed(admin, lock)
-        faults.connecting.clear()  # from now on the listener's reconnections hang
-        [listener] = set(await pubsub_clients(admin)) - before
-        assert await admin.client_kill_filter(_id=listener) == 1
-        await asyncio.sleep(2 * step)  # the waiter polls meanwhile
-        assert not waiter.done()
-        assert await numsub(admin, channel_of(lock)) == 0
-        await holder.release()  # nobody hears it
-        # The listener's connection attempt hangs for seconds (its bound is 2 s): a waiter
-        # that relied on the listener, even on its failures, would not be in within a step.
-        assert await done_within(waiter, step + 0.5, "the polling waiter holds")
-        assert await numsub(admin, channel_of(lock)) == 0, "a notification got through"
-        await lock.release()
-    finally:
-        faults.connecting.set()
-        await tasks.cancel_all()
-        assert await listeners_gone(), "the listener went on after its waiter left"
-        await c.aclose()
+    c, faults = faulty
+    before = set(await pubsub_clients(admin))
+    holder = await hold(other_client, name)
+    lock = AsyncLock(c, name, backoff=backoff.constant(step))
+    waiter = tasks.start(lock.acquire())
+    await subscribed(admin, lock)
+    faults.connecting.clear()  # from now on the listener's reconnections hang
+    [listener] = set(await pubsub_clients(admin)) - before
+    assert await admin.client_kill_filter(_id=listener) == 1
+    await asyncio.sleep(2 * step)  # the waiter polls meanwhile
+    assert not waiter.done()
+    assert await numsub(admin, channel_of(lock)) == 0
+    await holder.release()  # nobody hears it
+    # The listener's connection attempt hangs for seconds (its bound is 2 s): a waiter
+    # that relied on the listener, even on its failures, would not be in within a step.
+    assert await done_within(waiter, step + 0.5, "the polling waiter holds")
+    assert await numsub(admin, channel_of(lock)) == 0, "a notification got through"
+    await lock.release()
 
 
 async def test_a_broken_connection_wakes_waiters_to_poll(
-    server: RedisServer, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
+    faulty: Faulty, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """When the pub/sub connection breaks, a waiter asleep in a 5 s step tries again at once."""
-    c, faults = faulty_client(server)
-    try:
-        before = set(await pubsub_clients(admin))
-        holder = await hold(other_client, name)
-        lock = AsyncLock(c, name, backoff=backoff.constant(LONG_STEP))
-        waiter = tasks.start(lock.acquire())
-        await asleep_on_notification(admin, lock, waiter)
-        faults.connecting.clear()  # no reconnection (and no confirmation) comes to its rescue
-        await admin.delete(lock.key)  # freed without a message: as if a release was missed
-        [listener] = set(await pubsub_clients(admin)) - before
-        assert await admin.client_kill_filter(_id=listener) == 1
-        assert await done_within(waiter, WAKE_BOUND, "the waiter woken by the break holds")
-        await lock.release()
-        with pytest.raises(LockNotOwnedError):
-            await holder.release()
-    finally:
-        faults.connecting.set()
-        await tasks.cancel_all()
-        assert await listeners_gone(), "the listener went on after its waiter left"
-        await c.aclose()
+    c, faults = faulty
+    before = set(await pubsub_clients(admin))
+    holder, lock, waiter = await waiter_behind(other_client, c, name, tasks)
+    await asleep_on_notification(admin, lock, waiter)
+    faults.connecting.clear()  # no reconnection (and no confirmation) comes to its rescue
+    await admin.delete(lock.key)  # freed without a message: as if a release was missed
+    [listener] = set(await pubsub_clients(admin)) - before
+    assert await admin.client_kill_filter(_id=listener) == 1
+    assert await done_within(waiter, WAKE_BOUND, "the waiter woken by the break holds")
+    await lock.release()
+    with pytest.raises(LockNotOwnedError):
+        await holder.release()
 
 
 async def test_listener_resubscribes_after_its_connection_is_killed(
@@ -354,9 +353,7 @@ async def test_listener_resubscribes_after_its_connection_is_killed(
 ) -> None:
     """After CLIENT KILL the listener reconnects and resubscribes; a release wakes at once again."""
     before = await pubsub_clients(admin)
-    holder = await hold(other_client, name)
-    lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-    waiter = tasks.start(lock.acquire())
+    holder, lock, waiter = await waiter_behind(other_client, client, name, tasks)
     await asleep_on_notification(admin, lock, waiter)
     [killed] = set(await pubsub_clients(admin)) - set(before)
     assert await admin.client_kill_filter(_id=killed) == 1
@@ -384,9 +381,7 @@ async def test_waiters_keep_working_across_a_server_restart(
     theirs = redis.Redis(host=srv.host, port=srv.port)
     admin = redis.Redis(host=srv.host, port=srv.port, decode_responses=True)
     try:
-        holder = await hold(theirs, name)
-        lock = AsyncLock(mine, name, backoff=backoff.constant(LONG_STEP))
-        waiter = tasks.start(lock.acquire())
+        holder, lock, waiter = await waiter_behind(theirs, mine, name, tasks)
         await asleep_on_notification(admin, lock, waiter)
         srv.restart()  # the key is gone with the old process; no release message was sent
         assert await done_within(waiter, WAKE_BOUND, "the waiter holds after the restart")
@@ -682,9 +677,7 @@ async def test_cancelled_notified_waiter_leaves_nothing(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """A cancelled waiter asleep on a notification unsubscribes after LINGER and leaves no task."""
-    holder = await hold(other_client, name)
-    lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-    waiter = tasks.start(lock.acquire())
+    holder, lock, waiter = await waiter_behind(other_client, client, name, tasks)
     await asleep_on_notification(admin, lock, waiter)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -700,9 +693,7 @@ async def test_waiter_that_times_out_gives_its_subscription_back(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """A subscribed waiter that gives up at its timeout unsubscribes after LINGER; no task left."""
-    holder = await hold(other_client, name)
-    lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-    waiter = tasks.start(lock.acquire(timeout=0.5))
+    holder, lock, waiter = await waiter_behind(other_client, client, name, tasks, timeout=0.5)
     await subscribed(admin, lock)
     assert await done_within(waiter, 0.5 + WAKE_BOUND, "the waiter gives up") is False
     assert lock.statistics() == LockStatistics(held=False, owner=None, tasks_waiting=0)
@@ -716,9 +707,7 @@ async def test_cancelled_head_hands_the_wait_to_the_next_local_waiter(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
     """When the notified head is cancelled, the next local waiter takes over and is woken."""
-    holder = await hold(other_client, name)
-    lock = AsyncLock(client, name, backoff=backoff.constant(LONG_STEP))
-    head = tasks.start(lock.acquire())
+    holder, lock, head = await waiter_behind(other_client, client, name, tasks)
     await waiting(lock, 1)
     second = tasks.start(lock.acquire())
     await waiting(lock, 2)

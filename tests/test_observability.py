@@ -2,16 +2,16 @@
 
 Every test runs real locks against a real server and asserts the log
 records, the :class:`aiolock.LockEvent` objects, or the metric points the
-OpenTelemetry SDK collected.
+OpenTelemetry SDK collected. The events every primitive reports (acquired,
+not_acquired, released, renewed, lost; one outcome per acquire) are proved for
+every primitive in test_contract.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,48 +20,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from support import eventually, keys_of, kinds, the_miss
 
 import aiolock
 import aiolock.otel
-from aiolock import AsyncLock, LockEvent, LockLostError, Redlock
-from aiolock.testing import RedisServer
+from aiolock import AsyncLock, LockEvent, LockLostError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-
-@pytest.fixture
-def events() -> Iterator[list[LockEvent]]:
-    """Every LockEvent of the test, in order (an observer registered for the test only)."""
-    seen: list[LockEvent] = []
-    aiolock.add_observer(seen.append)
-    try:
-        yield seen
-    finally:
-        aiolock.remove_observer(seen.append)
-
-
-def kinds(events: list[LockEvent], name: str) -> list[str]:
-    """The kinds of the events of lock ``name``, in order."""
-    return [e.kind for e in events if e.name == name]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait (bounded) until ``predicate()`` is true."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for a condition"
-        await asyncio.sleep(0.01)
-
-
-async def until_blocked(admin: redis.Redis) -> None:
-    """Wait (bounded) until the server holds a client back with CLIENT PAUSE."""
-    deadline = time.monotonic() + 5
-    while True:
-        info = await admin.info("clients")
-        if int(info["blocked_clients"]) > 0:
-            return
-        assert time.monotonic() < deadline, "no client was held back by CLIENT PAUSE"
-        await asyncio.sleep(0.005)
 
 
 async def make_renewal_fail(admin: redis.Redis, key: str) -> None:
@@ -71,6 +36,23 @@ async def make_renewal_fail(admin: redis.Redis, key: str) -> None:
         pipe.hset(key, "not", "a lock")
         pipe.pexpire(key, 5000)
         await pipe.execute()
+
+
+async def take_over(admin: redis.Redis, key: str) -> None:
+    """Put another holder's token in the lock key: the next renewal finds the lock lost."""
+    await admin.set(key, "someone else", px=5000)
+
+
+async def hold_until_lost(
+    lock: AsyncLock, admin: redis.Redis, spoil: Callable[[redis.Redis, str], Awaitable[None]]
+) -> None:
+    """Acquire ``lock``, ``spoil`` its key, wait for the loss; release raises it; key removed."""
+    assert await lock.acquire()
+    await spoil(admin, lock.key)
+    await eventually(lambda: lock.lost, "the loss")
+    with pytest.raises(LockLostError):
+        await lock.release()
+    await admin.delete(lock.key)
 
 
 # --- the aiolock logger ---------------------------------------------------------------------------
@@ -108,12 +90,7 @@ async def test_a_failing_renewal_and_the_loss_it_ends_in_are_warnings(
     """Each failed renewal is a WARNING naming the error, and so is the loss at the lease end."""
     caplog.set_level(logging.DEBUG, logger="aiolock")
     lock = AsyncLock(client, name, ttl=0.3)
-    assert await lock.acquire()
-    await make_renewal_fail(admin, lock.key)
-    await until(lambda: lock.lost)
-    with pytest.raises(LockLostError):
-        await lock.release()
-    await admin.delete(lock.key)
+    await hold_until_lost(lock, admin, make_renewal_fail)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert all(r.name == "aiolock" for r in warnings)
     failures = [r for r in warnings if r.getMessage().startswith(f"renewal of lock {name!r}")]
@@ -130,13 +107,7 @@ async def test_a_lock_taken_over_is_a_warning(
 ) -> None:
     """A renewal that finds another holder's token logs the loss at WARNING, with the reason."""
     caplog.set_level(logging.DEBUG, logger="aiolock")
-    lock = AsyncLock(client, name, ttl=0.3)
-    assert await lock.acquire()
-    await admin.set(lock.key, "someone else", px=5000)
-    await until(lambda: lock.lost)
-    with pytest.raises(LockLostError):
-        await lock.release()
-    await admin.delete(lock.key)
+    await hold_until_lost(AsyncLock(client, name, ttl=0.3), admin, take_over)
     losses = [
         r
         for r in caplog.records
@@ -147,26 +118,6 @@ async def test_a_lock_taken_over_is_a_warning(
 
 
 # --- observers ------------------------------------------------------------------------------------
-
-
-async def test_an_uncontended_holding_is_acquired_then_released(
-    client: redis.Redis, name: str, events: list[LockEvent]
-) -> None:
-    """acquire/release give 'acquired' (not contended, with the wait) and 'released' (held time)."""
-    lock = AsyncLock(client, name, ttl=5.0)
-    async with lock:
-        await asyncio.sleep(0.05)
-    acquired, released = (e for e in events if e.name == name)
-    assert acquired.kind == "acquired"
-    assert acquired.lock is lock
-    assert acquired.contended is False
-    assert acquired.waited is not None
-    assert 0 <= acquired.waited < 1.0
-    assert acquired.held is None
-    assert released.kind == "released"
-    assert released.lock is lock
-    assert released.held is not None
-    assert 0.05 <= released.held < 2.0
 
 
 async def test_a_wait_for_a_holder_elsewhere_is_contended(
@@ -206,52 +157,6 @@ async def test_a_local_hand_over_is_contended(
     assert kinds(events, name) == ["acquired", "released", "acquired", "released"]
 
 
-@pytest.mark.parametrize("how", ["timeout", "blocking=False"])
-async def test_not_acquiring_in_time_is_reported(
-    client: redis.Redis, other_client: redis.Redis, name: str, events: list[LockEvent], how: str
-) -> None:
-    """acquire() returning False gives one 'not_acquired' event with its wait, contended."""
-    holder = AsyncLock(other_client, name, ttl=5.0)
-    assert await holder.acquire()
-    try:
-        lock = AsyncLock(client, name, ttl=5.0)
-        if how == "timeout":
-            assert not await lock.acquire(timeout=0.2)
-        else:
-            assert not await lock.acquire(blocking=False)
-    finally:
-        await holder.release()
-    missed = [e for e in events if e.lock is lock]
-    assert [e.kind for e in missed] == ["not_acquired"]
-    assert missed[0].contended is True
-    assert missed[0].waited is not None
-    if how == "timeout":
-        assert 0.2 <= missed[0].waited < 1.0
-    else:
-        assert missed[0].waited < 0.5
-
-
-async def test_a_cancelled_acquire_is_not_acquired_with_the_cancellation(
-    client: redis.Redis, other_client: redis.Redis, name: str, events: list[LockEvent]
-) -> None:
-    """asyncio.timeout around async with: one 'not_acquired' whose error is the cancellation."""
-    holder = AsyncLock(other_client, name, ttl=5.0)
-    assert await holder.acquire()
-    lock = AsyncLock(client, name, ttl=5.0)
-    try:
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.2), lock:
-                pass
-    finally:
-        await holder.release()
-    missed = [e for e in events if e.lock is lock]
-    assert [e.kind for e in missed] == ["not_acquired"]
-    assert isinstance(missed[0].error, asyncio.CancelledError)
-    assert missed[0].contended is True
-    assert missed[0].waited is not None
-    assert missed[0].waited >= 0.15
-
-
 async def test_an_acquire_that_fails_on_a_redis_error_is_not_acquired_and_not_contended(
     name: str, events: list[LockEvent]
 ) -> None:
@@ -263,10 +168,9 @@ async def test_an_acquire_that_fails_on_a_redis_error_is_not_acquired_and_not_co
             await lock.acquire(timeout=0.5)
     finally:
         await dead.aclose()
-    missed = [e for e in events if e.lock is lock]
-    assert [e.kind for e in missed] == ["not_acquired"]
-    assert isinstance(missed[0].error, redis.ConnectionError)
-    assert missed[0].contended is False
+    miss = the_miss(events, lock)
+    assert isinstance(miss.error, redis.ConnectionError)
+    assert miss.contended is False
 
 
 async def test_attempts_refused_only_by_missing_replicas_are_not_contention(
@@ -275,80 +179,9 @@ async def test_attempts_refused_only_by_missing_replicas_are_not_contention(
     """replicas=1 on a server without replicas: never acknowledged, so not_acquired uncontended."""
     lock = AsyncLock(client, name, ttl=5.0, replicas=1, replica_timeout=0.02)
     assert not await lock.acquire(timeout=0.2)
-    missed = [e for e in events if e.lock is lock]
-    assert [e.kind for e in missed] == ["not_acquired"]
-    assert missed[0].contended is False
-    assert missed[0].error is None
-
-
-async def test_a_cancelled_release_still_reports_the_release_once(
-    client: redis.Redis, admin: redis.Redis, name: str, events: list[LockEvent]
-) -> None:
-    """release() cancelled while the server holds its script back: one 'released', no key left."""
-    lock = AsyncLock(client, name, ttl=5.0)
-    assert await lock.acquire()
-    await admin.client_pause(300, all=False)  # WRITE: EVALSHA is held back
-    try:
-        release = asyncio.create_task(lock.release())
-        await until_blocked(admin)
-        release.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await release
-    finally:
-        await admin.client_unpause()
-    deadline = time.monotonic() + 5
-    while await admin.exists(lock.key):
-        assert time.monotonic() < deadline, "the key was left behind"
-        await asyncio.sleep(0.01)
-    assert kinds(events, name) == ["acquired", "released"]
-
-
-async def test_every_acquire_reports_once_and_every_holding_ends_once(
-    client: redis.Redis,
-    other_client: redis.Redis,
-    admin: redis.Redis,
-    name: str,
-    events: list[LockEvent],
-) -> None:
-    """Mixed traffic with timeouts and a takeover: one outcome per call, one end per holding."""
-    locks = [AsyncLock(c, name, ttl=0.5, timeout=0.05) for c in (client, other_client)]
-    calls = 0
-
-    async def worker(lock: AsyncLock, rounds: int) -> None:
-        nonlocal calls
-        for _ in range(rounds):
-            calls += 1
-            if await lock.acquire():
-                await asyncio.sleep(0.01)
-                with contextlib.suppress(LockLostError):
-                    await lock.release()
-
-    async def takeover() -> None:
-        await asyncio.sleep(0.1)
-        await admin.set(f"aiolock:{{{name}}}", "someone else", px=50)
-
-    await asyncio.gather(*(worker(locks[i % 2], 15) for i in range(6)), takeover())
-    seen = [e for e in events if e.name == name]
-    outcomes = [e for e in seen if e.kind in ("acquired", "not_acquired")]
-    assert len(outcomes) == calls
-    acquired = sum(1 for e in seen if e.kind == "acquired")
-    ended = sum(1 for e in seen if e.kind in ("released", "lost"))
-    assert acquired == ended
-    assert any(e.kind == "not_acquired" for e in seen)
-
-
-async def test_renewals_by_the_watchdog_and_by_extend_are_reported(
-    client: redis.Redis, name: str, events: list[LockEvent]
-) -> None:
-    """Each lease reset is a 'renewed' event: the watchdog's and an explicit extend()'s."""
-    lock = AsyncLock(client, name, ttl=0.3)
-    async with lock:
-        await until(lambda: "renewed" in kinds(events, name))
-        before = kinds(events, name).count("renewed")
-        await lock.extend()
-        assert kinds(events, name).count("renewed") == before + 1
-    assert kinds(events, name)[0] == "acquired"
-    assert kinds(events, name)[-1] == "released"
+    miss = the_miss(events, lock)
+    assert miss.contended is False
+    assert miss.error is None
 
 
 async def test_failed_renewals_then_the_loss_are_reported(
@@ -362,12 +195,7 @@ async def test_failed_renewals_then_the_loss_are_reported(
         ttl=0.3,
         on_lost=lambda _lock: lost_seen_by_callback.append(kinds(events, name)),
     )
-    assert await lock.acquire()
-    await make_renewal_fail(admin, lock.key)
-    await until(lambda: lock.lost)
-    with pytest.raises(LockLostError):
-        await lock.release()
-    await admin.delete(lock.key)
+    await hold_until_lost(lock, admin, make_renewal_fail)
     seen = [e for e in events if e.name == name]
     assert seen[0].kind == "acquired"
     failed = [e for e in seen if e.kind == "renewal_failed"]
@@ -383,19 +211,6 @@ async def test_failed_renewals_then_the_loss_are_reported(
     assert lost_seen_by_callback == [kinds(events, name)]
 
 
-async def test_a_release_that_finds_the_key_gone_reports_a_loss_not_a_release(
-    client: redis.Redis, admin: redis.Redis, name: str, events: list[LockEvent]
-) -> None:
-    """release() after the key was taken over: 'lost' (and LockLostError), no 'released'."""
-    lock = AsyncLock(client, name, ttl=5.0)
-    assert await lock.acquire()
-    await admin.set(lock.key, "someone else", px=5000)
-    with pytest.raises(LockLostError):
-        await lock.release()
-    await admin.delete(lock.key)
-    assert kinds(events, name) == ["acquired", "lost"]
-
-
 async def test_events_carry_the_fence(
     client: redis.Redis, admin: redis.Redis, name: str, events: list[LockEvent]
 ) -> None:
@@ -403,7 +218,7 @@ async def test_events_carry_the_fence(
     lock = AsyncLock(client, name, ttl=5.0, fencing=True)
     async with lock:
         fence = lock.fence
-    await admin.delete(f"{lock.key}:fence")
+    await admin.delete(keys_of(lock).fence)
     assert fence is not None
     assert [(e.kind, e.fence) for e in events if e.name == name] == [
         ("acquired", fence),
@@ -463,40 +278,6 @@ async def test_observer_registration_checks_its_argument() -> None:
         aiolock.remove_observer(print)
 
 
-async def test_a_redlock_reports_the_same_events(
-    private_server: Callable[..., RedisServer], name: str, events: list[LockEvent]
-) -> None:
-    """Redlock over three masters: acquired, renewed, released, and contended misses."""
-    servers = [private_server() for _ in range(3)]
-    clients = [redis.Redis.from_url(s.url) for s in servers]
-    try:
-        lock = Redlock(clients, name, ttl=0.3)
-        async with lock:
-            await until(lambda: "renewed" in kinds(events, name))
-        seen = [e for e in events if e.name == name]
-        assert seen[0].kind == "acquired"
-        assert seen[0].lock is lock
-        assert seen[0].contended is False
-        assert seen[-1].kind == "released"
-        assert seen[-1].held is not None
-        assert seen[-1].held >= 0.1
-        assert set(kinds(events, name)) == {"acquired", "renewed", "released"}
-        # Another Redlock object holding it: the nodes refuse, so the miss is contended.
-        holder = Redlock(clients, name, ttl=5.0)
-        assert await holder.acquire()
-        waiter = Redlock(clients, name, ttl=5.0)
-        try:
-            assert not await waiter.acquire(timeout=0.1)
-        finally:
-            await holder.release()
-        (missed,) = [e for e in events if e.lock is waiter]
-        assert missed.kind == "not_acquired"
-        assert missed.contended is True
-    finally:
-        for c in clients:
-            await c.aclose()
-
-
 # --- OpenTelemetry --------------------------------------------------------------------------------
 
 
@@ -544,12 +325,7 @@ async def test_otel_records_acquisitions_waits_holds_renewals_and_losses(
     await holder.release()
     async with lock:  # free now: acquired, not contended
         pass
-    assert await lock.acquire()
-    await make_renewal_fail(admin, lock.key)
-    await until(lambda: lock.lost)
-    with pytest.raises(LockLostError):
-        await lock.release()
-    await admin.delete(lock.key)
+    await hold_until_lost(lock, admin, make_renewal_fail)
 
     found = points(metrics, name)
     acquisitions = {

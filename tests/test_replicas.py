@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as redis
+from support import CriticalSection, all_keys, keys_of
 
 from aiolock import AcquireTimeout, AsyncLock
 from aiolock.testing import RedisServer, ReplicatedServer
@@ -52,7 +53,7 @@ async def on_master(group: ReplicatedServer, name: str) -> AsyncIterator[redis.R
     """A client of the master for assertions; after the test, no key of ``name`` is left."""
     c = redis.Redis.from_url(group.url, decode_responses=True)
     yield c
-    assert await c.keys(f"*{{{name}}}*") == [], "a key was left on the master"
+    assert await c.keys(all_keys(name)) == [], "a key was left on the master"
     await c.aclose()
 
 
@@ -161,21 +162,14 @@ async def test_local_tasks_with_replicas_take_turns(
     master: redis.Redis, on_master: redis.Redis, name: str
 ) -> None:
     """Twenty tasks of one process with ``replicas=1`` each hold the lock, one at a time."""
-    inside = 0
-    overlaps = 0
-    held = 0
+    section = CriticalSection()
 
     async def use() -> None:
-        nonlocal inside, overlaps, held
         async with AsyncLock(master, name, replicas=1, timeout=10.0):
-            inside += 1
-            overlaps += inside > 1
-            held += 1
-            await asyncio.sleep(0.001)
-            inside -= 1
+            await section.stay()
 
     await asyncio.wait_for(asyncio.gather(*(use() for _ in range(20))), 15.0)
-    assert (held, overlaps) == (20, 0)
+    assert (section.holdings, section.overlaps) == (20, 0)
 
 
 async def test_fencing_with_replicas(
@@ -191,10 +185,10 @@ async def test_fencing_with_replicas(
         assert first is not None
         assert lock.fence is not None
         assert lock.fence > first
-        assert await on_replica.get(f"{lock.key}:fence") == str(lock.fence)
+        assert await on_replica.get(keys_of(lock).fence) == str(lock.fence)
     finally:
         await lock.release()
-        await on_master.delete(f"{lock.key}:fence")
+        await on_master.delete(keys_of(lock).fence)
 
 
 async def test_replica_fsync_needs_the_replicas_append_only_file(name: str) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import redis.asyncio.retry
 import redis.retry
 from faultproxy import FaultProxy
 from redis.backoff import NoBackoff
+from support import pid_gone
 
 from aiolock import testing
 from aiolock.testing import (
@@ -54,17 +55,9 @@ def _fake_binary(directory: Path, name: str) -> Path:
     return path
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def _pid_dead(pid: int) -> bool:
     """Gone, or a zombie waiting for an init that may be slow to reap orphans."""
-    if _pid_gone(pid):
+    if pid_gone(pid):
         return True
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -198,7 +191,7 @@ def test_start_ping_stop_leaves_no_process() -> None:
         finally:
             client.close()
     assert (srv.running, srv.pid) == (False, None)
-    assert _pid_gone(pid)
+    assert pid_gone(pid)
     srv.stop()  # idempotent
     srv.kill()
     assert "ready to exit" in srv.log_tail(5)  # the log survives the removed work dir
@@ -217,7 +210,7 @@ def test_kill_then_restart_same_port_has_empty_data(own_server: RedisServer) -> 
     assert pid is not None
     own_server.kill()
     assert (own_server.running, own_server.pid) == (False, None)
-    assert _pid_gone(pid)
+    assert pid_gone(pid)
     own_server.restart()
     assert own_server.port == port
     assert own_server.pid not in (None, pid)
@@ -259,7 +252,7 @@ def test_stop_a_paused_server() -> None:
     started = time.monotonic()
     srv.stop()
     assert time.monotonic() - started < 3
-    assert _pid_gone(pid)
+    assert pid_gone(pid)
 
 
 def test_port_taken_meanwhile_moves_unless_fixed() -> None:
@@ -359,9 +352,11 @@ def test_server_does_not_outlive_its_python_process(how: str, tmp_path: Path) ->
 
 
 @pytest.fixture
-async def proxy(own_server: RedisServer) -> AsyncIterator[FaultProxy]:
-    async with FaultProxy(own_server.host, own_server.port) as prx:
-        yield prx
+async def proxy(
+    own_server: RedisServer, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]]
+) -> FaultProxy:
+    """A proxy in front of this test's own server (conftest's ``proxy`` fronts the shared one)."""
+    return await start_proxy(own_server)
 
 
 async def test_proxy_forwards(proxy: FaultProxy) -> None:

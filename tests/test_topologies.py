@@ -20,6 +20,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 import redis.crc
+from support import pid_gone
 
 from aiolock import testing
 from aiolock.testing import LocalCluster, RedisServer, ReplicatedServer, SentinelGroup
@@ -44,14 +45,6 @@ def _children() -> set[int]:
     return found
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 class _Footprint:
     """The pids and working directories of servers, to check that nothing outlives a stop."""
 
@@ -65,7 +58,7 @@ class _Footprint:
             self.dirs.append(server.workdir)
 
     def assert_gone(self) -> None:
-        alive = [pid for pid in self.pids if not _pid_gone(pid)]
+        alive = [pid for pid in self.pids if not pid_gone(pid)]
         assert alive == [], "server processes outlived stop()"
         left = [d for d in self.dirs if os.path.exists(d)]
         assert left == [], "working directories outlived stop()"

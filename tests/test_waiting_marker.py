@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 import redis.asyncio as redis
+from support import all_keys, eventually, keys_of
 
 from aiolock import AsyncLock, backoff
 from aiolock._queue import LOCAL_RUN, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
@@ -34,16 +35,7 @@ SLACK = 0.25
 
 def marker_of(lock: AsyncLock) -> str:
     """The key of ``lock``'s waiting marker."""
-    return f"{lock.key}:waiting"
-
-
-async def eventually_true(check: object, what: str, timeout: float = 3.0) -> None:
-    """Wait until the awaitable factory ``check`` returns True."""
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.005)
+    return keys_of(lock).marker
 
 
 class Run:
@@ -145,13 +137,13 @@ async def test_a_waiter_raises_the_marker_for_its_pause_and_takes_it_down_with_t
     waiter = AsyncLock(client, name, ttl=5.0, notify=False, backoff=backoff.constant(step))
     waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
     try:
-        await eventually_true(lambda: admin.exists(marker_of(waiter)), "the marker is up")
+        await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
         pttl = await admin.pttl(marker_of(waiter))
         assert 0 < pttl <= (step + MARK_SLACK) * 1000 + 1, pttl
         assert pttl > MARK_SLACK * 1000, f"the marker ends before the waiter's next attempt: {pttl}"
         await holder.release()
         assert await asyncio.wait_for(waiting, step + SLACK)
-        assert await admin.keys(f"*{{{name}}}*") == [waiter.key], "the marker outlived the wait"
+        assert await admin.keys(all_keys(name)) == [waiter.key], "the marker outlived the wait"
     finally:
         waiting.cancel()
         if waiter.statistics().held:
@@ -169,7 +161,7 @@ async def test_a_marker_never_outlasts_the_waiters_timeout_by_more_than_the_slac
     waiter = AsyncLock(client, name, ttl=5.0, notify=False, backoff=backoff.constant(5.0))
     waiting = asyncio.create_task(waiter.acquire(timeout=0.2))
     try:
-        await eventually_true(lambda: admin.exists(marker_of(waiter)), "the marker is up")
+        await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
         pttl = await admin.pttl(marker_of(waiter))
         assert 0 < pttl <= (0.2 + MARK_SLACK) * 1000 + 1, pttl
         assert not await waiting
@@ -200,7 +192,7 @@ async def test_an_attempt_that_will_not_wait_raises_no_marker(
     finally:
         await holder.release()
     if fencing:
-        await admin.delete(f"{holder.key}:fence")
+        await admin.delete(keys_of(holder).fence)
 
 
 @pytest.mark.parametrize("ending", ["timeout", "cancel", "anyio scope"])
@@ -219,7 +211,7 @@ async def test_a_waiter_that_gives_up_takes_its_marker_down(
             assert not await waiter.acquire(timeout=0.3)
         elif ending == "cancel":
             waiting = asyncio.create_task(waiter.acquire())
-            await eventually_true(lambda: admin.exists(marker_of(waiter)), "the marker is up")
+            await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -252,10 +244,10 @@ async def test_another_waiters_marker_is_left_up(
     staying: asyncio.Task[bool] | None = None
     try:
         marker = marker_of(first)
-        await eventually_true(lambda: admin.exists(marker), "the first marker is up")
+        await eventually(lambda: admin.exists(marker), "the first marker is up")
         firsts = await admin.get(marker)
         staying = asyncio.create_task(second.acquire(timeout=5.0))
-        await eventually_true(
+        await eventually(
             lambda: _changed(admin, marker, firsts), "the second waiter raised the marker"
         )
         seconds = await admin.get(marker)

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,11 +27,11 @@ import pytest
 import redis.asyncio as redis
 import uvicorn
 from aiohttp import web
+from support import eventually, load_example
 
 from aiolock import AsyncLock
+from aiolock._keys import Keys
 from aiolock.testing import RedisServer
-
-EXAMPLES = Path(__file__).parents[1] / "examples"
 
 #: The load: ``BUYERS`` concurrent purchases of each of ``ITEMS`` items with ``STOCK`` units.
 ITEMS = 3
@@ -51,29 +48,8 @@ REQUESTS = 20.0
 SETTLE = 3.0
 
 
-def load_example(filename: str) -> ModuleType:
-    """Import ``examples/<filename>`` by path (examples are not a package)."""
-    path = EXAMPLES / filename
-    spec = importlib.util.spec_from_file_location(f"{path.stem}_example", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 fastapi_app = load_example("fastapi_app.py")
 aiohttp_app = load_example("aiohttp_app.py")
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -91,7 +67,7 @@ async def serve_with_uvicorn(app: Any) -> AsyncIterator[str]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(), name="test-uvicorn")
     try:
-        await wait_for(lambda: server.started or task.done(), STARTUP, "uvicorn to start")
+        await eventually(lambda: server.started or task.done(), "uvicorn to start", STARTUP, 0.01)
         if task.done():
             await task
             pytest.fail("uvicorn stopped during startup")
@@ -171,12 +147,6 @@ async def items(admin: redis.Redis, name: str) -> AsyncIterator[list[str]]:
     await admin.delete(*(f"stock:{item}" for item in ids))
 
 
-@pytest.fixture
-async def tasks_before() -> set[asyncio.Task[Any]]:
-    """The tasks that ran before the test started the app."""
-    return asyncio.all_tasks()
-
-
 def session(base: str) -> aiohttp.ClientSession:
     """An HTTP client for the app at ``base``, with no limit on concurrent connections."""
     return aiohttp.ClientSession(
@@ -231,17 +201,34 @@ async def assert_shut_down_cleanly(
     assert await admin.keys(f"aiolock:*{name}*") == [], "a lock key was left on the server"
 
 
+@dataclass
+class Shop:
+    """The example app of one framework, ready to serve against the session server."""
+
+    framework: Framework
+    url: str
+    client_name: str
+
+    def running(self, **settings: Any) -> AbstractAsyncContextManager[str]:
+        """Serve the app with ``settings``; the context yields its base URL."""
+        return self.framework.running(self.url, self.client_name, **settings)
+
+
+@pytest.fixture
+async def shop(
+    framework: Framework, server: RedisServer, admin: redis.Redis, name: str, client_name: str
+) -> AsyncIterator[Shop]:
+    """The app to serve; after the test it must have shut down cleanly."""
+    before = asyncio.all_tasks()
+    yield Shop(framework, server.url, client_name)
+    await assert_shut_down_cleanly(admin, client_name, name, before)
+
+
 async def test_concurrent_buys_never_oversell(
-    framework: Framework,
-    server: RedisServer,
-    admin: redis.Redis,
-    name: str,
-    items: list[str],
-    client_name: str,
-    tasks_before: set[asyncio.Task[Any]],
+    shop: Shop, admin: redis.Redis, items: list[str]
 ) -> None:
     """30 concurrent buys per item on stock 10: exactly 10 sell, each unit once, stock ends at 0."""
-    async with framework.running(server.url, client_name) as base, session(base) as http:
+    async with shop.running() as base, session(base) as http:
         for item in items:
             await restock(http, item, STOCK)
         outcomes = await buy_concurrently(http, items, "buy")
@@ -253,25 +240,16 @@ async def test_concurrent_buys_never_oversell(
             async with http.get(f"/items/{item}") as resp:
                 assert await resp.json() == {"item": item, "stock": 0}
             assert await admin.get(f"stock:{item}") == "0"
-    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
 
 
-async def test_without_the_lock_the_same_load_oversells(
-    framework: Framework,
-    server: RedisServer,
-    admin: redis.Redis,
-    name: str,
-    items: list[str],
-    client_name: str,
-    tasks_before: set[asyncio.Task[Any]],
-) -> None:
+async def test_without_the_lock_the_same_load_oversells(shop: Shop, items: list[str]) -> None:
     """The demonstration route (the purchase without the lock) sells more than the stock.
 
     This is what makes the test above able to fail: the same read-modify-write
     under the same load, minus the lock, sells some units several times.
     """
     async with (
-        framework.running(server.url, client_name, unlocked_demo=True) as base,
+        shop.running(unlocked_demo=True) as base,
         session(base) as http,
     ):
         for item in items:
@@ -282,23 +260,15 @@ async def test_without_the_lock_the_same_load_oversells(
         assert len(sold) > STOCK, f"{item}: only {len(sold)} sold without the lock"
         assert max(Counter(sold).values()) > 1, f"{item}: no unit was sold twice"
         assert all(remaining >= 0 for remaining in sold)
-    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
 
 
 async def test_a_busy_item_answers_503_with_retry_after(
-    framework: Framework,
-    server: RedisServer,
-    client: redis.Redis,
-    admin: redis.Redis,
-    name: str,
-    items: list[str],
-    client_name: str,
-    tasks_before: set[asyncio.Task[Any]],
+    shop: Shop, client: redis.Redis, admin: redis.Redis, items: list[str]
 ) -> None:
     """Held elsewhere past the app's lock timeout: buy and restock answer 503 + Retry-After."""
     item = items[0]
     async with (
-        framework.running(server.url, client_name, lock_timeout=0.2) as base,
+        shop.running(lock_timeout=0.2) as base,
         session(base) as http,
     ):
         await restock(http, item, 1)
@@ -315,23 +285,16 @@ async def test_a_busy_item_answers_503_with_retry_after(
         async with http.post(f"/items/{item}/buy") as resp:  # free again: it sells
             assert resp.status == 200, await resp.text()
             assert await resp.json() == {"item": item, "remaining": 0}
-    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
 
 
 async def test_a_lock_lost_during_a_purchase_answers_503(
-    framework: Framework,
-    server: RedisServer,
-    admin: redis.Redis,
-    name: str,
-    items: list[str],
-    client_name: str,
-    tasks_before: set[asyncio.Task[Any]],
+    shop: Shop, admin: redis.Redis, items: list[str]
 ) -> None:
     """The lock key vanishes mid-purchase: renewal finds it gone; 503, and nothing is sold."""
     item = items[0]
-    lock_key = f"aiolock:{{item:{item}}}"
+    lock_key = Keys(f"item:{item}").lock
     async with (
-        framework.running(server.url, client_name, ttl=0.3, pause=0.6) as base,
+        shop.running(ttl=0.3, pause=0.6) as base,
         session(base) as http,
     ):
         await restock(http, item, 1)
@@ -356,18 +319,10 @@ async def test_a_lock_lost_during_a_purchase_answers_503(
         ("outcome unknown: the item's lock was lost", f"the lock of item {item!r} was lost")
     ), body
     assert await admin.get(f"stock:{item}") == "1"
-    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)
 
 
 async def test_stopping_the_app_closes_its_connections_and_tasks(
-    framework: Framework,
-    server: RedisServer,
-    client: redis.Redis,
-    admin: redis.Redis,
-    name: str,
-    items: list[str],
-    client_name: str,
-    tasks_before: set[asyncio.Task[Any]],
+    shop: Shop, client: redis.Redis, admin: redis.Redis, items: list[str], client_name: str
 ) -> None:
     """A purchase waited (pool and release-listener connections open); after stop none is left."""
     item = items[0]
@@ -375,7 +330,7 @@ async def test_stopping_the_app_closes_its_connections_and_tasks(
     async def named_connections() -> int:
         return sum(c.get("name") == client_name for c in await admin.client_list())
 
-    async with framework.running(server.url, client_name) as base, session(base) as http:
+    async with shop.running() as base, session(base) as http:
         await restock(http, item, 1)
         async with AsyncLock(client, f"item:{item}", ttl=10.0, timeout=1.0):
             pending = asyncio.create_task(http.post(f"/items/{item}/buy"))
@@ -388,4 +343,3 @@ async def test_stopping_the_app_closes_its_connections_and_tasks(
             resp = await pending
         async with resp:
             assert resp.status == 200, await resp.text()
-    await assert_shut_down_cleanly(admin, client_name, name, tasks_before)

@@ -1,0 +1,991 @@
+"""The contract every lock primitive keeps, written once (DESIGN.md §1, §4, §5, §6).
+
+Each test runs once per primitive: :class:`~aiolock.AsyncLock` on one server
+and :class:`~aiolock.Redlock` over three independent servers. A primitive
+added later (a Semaphore, the readers and writers of a ReadWriteLock) gets
+the whole suite by adding one entry to :data:`PRIMITIVES` and one branch to
+:meth:`Subject.make_lock`.
+
+What is proved here: the two cancellation windows of an acquire (before the
+server ran the command: ``CLIENT PAUSE WRITE``; after it ran, before the
+reply: a :class:`FaultProxy` holding replies) and of a release; loss
+(``lost``, ``on_lost``, ``cancel_on_lost``, ``LockLostError`` on exit, the
+body's own exception kept with the loss as a note); renewal past the lease;
+release from another task; re-entrance; bad arguments; the observer events.
+Leases are taken away on purpose (``PEXPIRE key 1``, ``DEL``, an overwrite),
+never slept out. What only one primitive does stays in its own file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as redis
+from faultproxy import FaultProxy
+from support import (
+    CALLBACK_KINDS,
+    LossRecorder,
+    all_keys,
+    assert_absent_and_stays,
+    assert_nothing_leaked,
+    blocked_client_ids,
+    cancel_once_the_key_exists,
+    connections_made,
+    eventually,
+    finish,
+    in_use_connections,
+    kinds,
+    listeners_gone,
+    names,
+    names_value,
+    other_tasks,
+    started_servers,
+    the_miss,
+    wait_for_key,
+    wait_for_paused_client,
+)
+
+from aiolock import (
+    AcquireTimeout,
+    AsyncLock,
+    LockError,
+    LockEvent,
+    LockLostError,
+    LockNotOwnedError,
+    Redlock,
+    backoff,
+)
+from aiolock.testing import RedisServer
+
+#: A lock under the contract (a new primitive joins this union).
+Lock = AsyncLock | Redlock
+
+#: The primitives the contract runs over.
+PRIMITIVES = ["AsyncLock", "Redlock"]
+
+#: Redlock's masters in this suite: a quorum of two.
+REDLOCK_NODES = 3
+
+#: Scheduling slack for timing bounds (2 loaded cores, two loop flavours).
+SLACK = 0.25
+
+NAN = float("nan")
+INF = float("inf")
+
+# --- the primitive under test --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def contract_servers() -> Iterator[list[RedisServer]]:
+    """Private servers for the module (tests pause them with CLIENT PAUSE)."""
+    with started_servers(REDLOCK_NODES) as started:
+        yield started
+
+
+#: The default of :meth:`Subject.make_lock`'s ``name``: the test's own name.
+_TEST_NAME = object()
+
+
+class Subject:
+    """One primitive under the contract: how to make it, and an admin view of its servers.
+
+    ``make_lock`` builds the primitive over one "process" (a set of client
+    objects, one per server); the admin side says what the servers hold.
+    """
+
+    def __init__(self, kind: str, servers: list[RedisServer], name: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.servers = servers[:1] if kind == "AsyncLock" else servers[:REDLOCK_NODES]
+        self.admins = [
+            redis.Redis.from_url(s.url, decode_responses=True, socket_timeout=5.0)
+            for s in self.servers
+        ]
+        self.client_sets: list[list[redis.Redis]] = []
+        self._processes: dict[int, list[redis.Redis]] = {}
+
+    def connect(self, urls: list[str] | None = None) -> list[redis.Redis]:
+        """A new set of client objects (one per server, or per URL): a "process" of its own."""
+        clients = [redis.Redis.from_url(u) for u in urls or [s.url for s in self.servers]]
+        self.client_sets.append(clients)
+        return clients
+
+    def process(self, index: int) -> list[redis.Redis]:
+        """The clients of "process" ``index`` (made on first use, then shared)."""
+        if index not in self._processes:
+            self._processes[index] = self.connect()
+        return self._processes[index]
+
+    def make_lock(
+        self,
+        name: object = _TEST_NAME,
+        *,
+        process: int = 0,
+        clients: list[redis.Redis] | None = None,
+        **options: Any,
+    ) -> Lock:
+        """The primitive on ``name`` (the test's by default), in "process" ``process``."""
+        on = clients if clients is not None else self.process(process)
+        lock_name: Any = self.name if name is _TEST_NAME else name
+        if self.kind == "AsyncLock":
+            return AsyncLock(on[0], lock_name, **options)
+        ttl = options.get("ttl", 10.0)
+        if isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < INF:
+            # A node limit with room for a loaded machine and for the pauses below.
+            options.setdefault("node_timeout", min(1.0, ttl / 3))
+        return Redlock(on, lock_name, **options)
+
+    async def values(self, key: str) -> list[str | None]:
+        """``key``'s value on every server."""
+        return [_str(await a.get(key)) for a in self.admins]
+
+    async def pttls(self, key: str) -> list[int]:
+        """``key``'s PTTL on every server."""
+        return [await a.pttl(key) for a in self.admins]
+
+    async def held_everywhere(self, key: str) -> bool:
+        """Whether every server has ``key``."""
+        return all([await a.exists(key) for a in self.admins])
+
+    async def keys_left(self) -> list[str]:
+        """The keys of the test's name still on any server."""
+        pattern = all_keys(self.name)
+        return [str(k) for a in self.admins for k in await a.keys(pattern)]
+
+    async def take_away(self, key: str, how: str) -> None:
+        """Take the lease away behind the holder's back, on every server."""
+        for a in self.admins:
+            if how == "PEXPIRE 1":
+                await a.pexpire(key, 1)
+            elif how == "DEL":
+                await a.delete(key)
+            else:
+                await a.set(key, "someone else", px=5000)
+
+    async def pause(self, ms: int = 5000) -> None:
+        """``CLIENT PAUSE ms WRITE`` on every server: lock commands are held back."""
+        for a in self.admins:
+            await a.client_pause(ms, all=False)
+
+    async def unpause(self) -> None:
+        """``CLIENT UNPAUSE`` on every server."""
+        for a in self.admins:
+            await a.client_unpause()
+
+    async def wait_until_paused(self) -> None:
+        """Until every server holds a client's command back."""
+        for a in self.admins:
+            await wait_for_paused_client(a)
+
+    async def aclose(self) -> None:
+        """Close every client and admin."""
+        for clients in self.client_sets:
+            for c in clients:
+                await c.aclose()
+        for a in self.admins:
+            await a.aclose()
+
+
+@pytest.fixture(params=PRIMITIVES)
+async def subject(
+    request: pytest.FixtureRequest, contract_servers: list[RedisServer], name: str
+) -> AsyncIterator[Subject]:
+    """The primitive under test; after the test: no task, connection or key left."""
+    s = Subject(request.param, contract_servers, name)
+    try:
+        yield s
+        assert await other_tasks() == set(), "a task outlived the test"
+        assert await listeners_gone(), "a release-notification listener did not stop by itself"
+        for clients in s.client_sets:
+            for c in clients:
+                assert in_use_connections(c) == 0, "a connection was left checked out"
+        assert await s.keys_left() == [], "a key was left on a server"
+    finally:
+        await s.unpause()
+        await s.aclose()
+
+
+def _str(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def is_lost(lock: Lock) -> bool:
+    """``lock.lost``, read through a call so type checkers do not narrow it across awaits."""
+    return lock.lost
+
+
+# --- holding -------------------------------------------------------------------------------------
+
+
+async def test_async_with_holds_the_lock_and_releases_it(subject: Subject) -> None:
+    """`async with` returns the lock, holds its key on every server, and deletes it on exit."""
+    lock = subject.make_lock()
+    assert not await lock.locked()
+    async with lock as entered:
+        assert entered is lock
+        assert await subject.held_everywhere(lock.key)
+        assert await lock.locked()
+        assert await lock.owned()
+    assert await subject.keys_left() == []
+    assert not await lock.locked()
+    assert not await lock.owned()
+
+
+async def test_renewal_keeps_the_lock_past_its_ttl(subject: Subject) -> None:
+    """Renewal keeps a ttl=0.3 lock 1.2 s: same token everywhere, owned, not lost, PTTL renewed."""
+    lock = subject.make_lock(ttl=0.3)
+    async with lock:
+        tokens = await subject.values(lock.key)
+        assert None not in tokens
+        assert len(set(tokens)) == 1
+        held_until = time.monotonic() + 1.2
+        lowest = 300
+        while time.monotonic() < held_until:
+            await asyncio.sleep(0.02)
+            lowest = min(lowest, *await subject.pttls(lock.key))
+            assert await subject.values(lock.key) == tokens, "the key changed hands while held"
+        assert lowest > 0, f"the key ran out of lease while held (lowest PTTL {lowest} ms)"
+        assert await lock.owned()
+        assert not is_lost(lock)
+        assert min(await subject.pttls(lock.key)) > 150, "the lease was not refreshed near the end"
+    assert await subject.keys_left() == []
+
+
+async def test_extend_resets_the_lease_on_every_server(subject: Subject) -> None:
+    """extend() sets the PTTL back to ttl, extend(ttl=5) to 5 s, on every server."""
+    lock = subject.make_lock(ttl=1.0, auto_renew=False)
+    async with lock:
+        for a in subject.admins:
+            await a.pexpire(lock.key, 200)
+        await lock.extend()
+        assert all(900 < pttl <= 1000 for pttl in await subject.pttls(lock.key))
+        await lock.extend(5.0)
+        assert all(4000 < pttl <= 5000 for pttl in await subject.pttls(lock.key))
+        assert not is_lost(lock)
+
+
+async def test_extend_of_a_lock_not_held_raises_and_makes_no_key(subject: Subject) -> None:
+    """extend() of a never-held, released or lost lock raises LockNotOwnedError, makes no key."""
+    lock = subject.make_lock(ttl=5.0)
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert await subject.keys_left() == []
+    async with lock:
+        pass
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert await subject.keys_left() == []
+    assert await lock.acquire()
+    await subject.take_away(lock.key, "PEXPIRE 1")
+    await eventually(_none_left(subject), "the key to expire")
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert is_lost(lock)
+    with pytest.raises(LockLostError):
+        await lock.extend()
+    assert await subject.keys_left() == [], "extend() recreated a lost key"
+    with pytest.raises(LockLostError):
+        await lock.release()
+
+
+def _none_left(subject: Subject) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await subject.keys_left() == []
+
+    return check
+
+
+async def test_release_or_extend_when_never_held_raises_not_owned(subject: Subject) -> None:
+    """release() and extend() of a lock never acquired raise LockNotOwnedError."""
+    lock = subject.make_lock()
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+    with pytest.raises(LockNotOwnedError):
+        await lock.extend()
+    assert not await lock.owned()
+
+
+# --- timeouts ------------------------------------------------------------------------------------
+
+
+async def test_acquire_timeout_returns_false_in_time(subject: Subject) -> None:
+    """acquire(timeout=0.3) on a lock held elsewhere is False after 0.3 s, not much later."""
+    holder = subject.make_lock(process=1, ttl=30.0)
+    assert await holder.acquire()
+    holder_tokens = await subject.values(holder.key)
+    lock = subject.make_lock()
+    started = time.monotonic()
+    acquired = await lock.acquire(timeout=0.3)
+    elapsed = time.monotonic() - started
+    assert acquired is False
+    assert 0.3 <= elapsed < 0.4, f"acquire(timeout=0.3) took {elapsed:.3f} s"
+    assert await subject.values(holder.key) == holder_tokens
+    await holder.release()
+
+
+async def test_async_with_timeout_raises_acquire_timeout(subject: Subject) -> None:
+    """async with a timeout raises AcquireTimeout (a TimeoutError and a LockError); body not run."""
+    holder = subject.make_lock(process=1, ttl=30.0)
+    assert await holder.acquire()
+    holder_tokens = await subject.values(holder.key)
+    body_ran = False
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as caught:  # the builtin is enough to catch it
+        async with subject.make_lock(timeout=0.1):
+            body_ran = True
+    elapsed = time.monotonic() - started
+    assert type(caught.value) is AcquireTimeout
+    assert isinstance(caught.value, LockError)
+    assert 0.1 <= elapsed < 0.25, f"async with (timeout=0.1) took {elapsed:.3f} s"
+    with pytest.raises(TimeoutError):
+        async with subject.make_lock(blocking=False):
+            body_ran = True
+    assert not body_ran
+    assert await holder.owned()
+    assert await subject.values(holder.key) == holder_tokens
+    await holder.release()
+
+
+# --- ownership inside a process (§6) -------------------------------------------------------------
+
+
+async def test_release_from_another_task_is_a_hand_off(subject: Subject) -> None:
+    """release() from another task ends the current holding; `async with` then exits quietly."""
+    lock = subject.make_lock()
+    assert await lock.acquire()
+    await asyncio.create_task(lock.release())
+    assert await subject.keys_left() == []
+    assert not await lock.locked()
+    assert not await lock.owned()
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+    async with lock:
+        assert await lock.owned()
+        await asyncio.create_task(lock.release())
+        assert not await lock.locked()
+    assert await lock.acquire(timeout=0)  # the releasing task did end our holding
+    await lock.release()
+
+
+async def test_reacquire_without_reentrant_raises_at_once(subject: Subject) -> None:
+    """A task re-acquiring a non-reentrant lock it holds gets LockError at once, still holding."""
+    lock = subject.make_lock()
+    async with lock:
+        started = time.monotonic()
+        with anyio.fail_after(1), pytest.raises(LockError, match="already held"):
+            await lock.acquire()
+        with anyio.fail_after(1), pytest.raises(LockError):
+            async with lock:
+                pass
+        assert time.monotonic() - started < 0.1
+        assert await lock.owned()
+    assert not await lock.locked()
+
+
+async def test_reentrant_counts_depth(subject: Subject) -> None:
+    """With reentrant=True a task re-enters; the key stays until the last release; others wait."""
+    lock = subject.make_lock(reentrant=True)
+    assert await lock.acquire()
+    tokens = await subject.values(lock.key)
+    assert None not in tokens
+    assert await lock.acquire()
+    async with lock, lock:
+        assert await subject.values(lock.key) == tokens
+    waiter = asyncio.create_task(lock.acquire())
+    await lock.release()  # depth 2 -> 1
+    assert await subject.values(lock.key) == tokens
+    assert await lock.owned()
+    done, _ = await asyncio.wait({waiter}, timeout=0.2)
+    assert not done, "another task got a lock still held re-entrantly"
+    await lock.release()  # depth 1 -> 0: the lock goes to the waiter
+    with anyio.fail_after(2):
+        assert await waiter
+    after = await subject.values(lock.key)
+    assert None not in after
+    assert set(after).isdisjoint(tokens)
+    await asyncio.create_task(lock.release())  # a hand-off ends the waiter's holding
+    assert not await lock.locked()
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+
+async def test_tasks_sharing_one_object_are_served_in_arrival_order(subject: Subject) -> None:
+    """Five tasks queued on one held lock object acquire it in the order they arrived."""
+    lock = subject.make_lock(backoff=backoff.exponential(base=0.001, factor=2.0, cap=0.02))
+    order: list[int] = []
+
+    async def take(i: int) -> None:
+        async with lock:
+            order.append(i)
+
+    async with lock:
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(take(i)))
+            await asyncio.sleep(0.01)
+        assert order == []
+    with anyio.fail_after(3):
+        await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+
+
+# --- cancellation window 1: before the server ran the command ------------------------------------
+
+
+@pytest.mark.parametrize("form", ["acquire", "async with"])
+async def test_cancel_before_the_server_ran_the_acquire_leaves_no_key(
+    subject: Subject, form: str
+) -> None:
+    """Cancelled while CLIENT PAUSE WRITE holds the acquire back: no key, now or later."""
+    lock = subject.make_lock()
+    for c in subject.process(0):
+        await c.ping()  # the pool has a connection: the first command is not a connect
+    entered = asyncio.Event()
+
+    async def use_lock() -> None:
+        if form == "acquire":
+            await lock.acquire()
+            entered.set()
+        else:
+            async with lock:
+                entered.set()
+
+    await subject.pause()  # WRITE: SET and EVALSHA are held back
+    task = asyncio.create_task(use_lock())
+    try:
+        await subject.wait_until_paused()
+        task.cancel()
+        await subject.unpause()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await subject.unpause()
+        await finish(task)
+    assert not entered.is_set()
+    for a in subject.admins:
+
+        async def none_blocked(a: redis.Redis = a) -> bool:
+            return not await blocked_client_ids(a)
+
+        await eventually(none_blocked, "the paused command to be dropped or run", timeout=3.0)
+        await assert_absent_and_stays(a, lock.key)
+    # The local queue is free again: the same object acquires at once.
+    assert await lock.acquire(blocking=False)
+    await lock.release()
+
+
+# --- cancellation window 2: after the server ran the command, before the reply -------------------
+
+
+async def test_cancel_after_the_server_ran_the_acquire_undoes_it(
+    subject: Subject, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]]
+) -> None:
+    """Cancelled after the servers granted the lock but before the reply: the key is undone."""
+    proxies = [await start_proxy(s) for s in subject.servers]
+    clients = subject.connect([p.url for p in proxies])
+    lock = subject.make_lock(clients=clients)
+    assert await lock.acquire()  # scripts loaded, a pooled connection through each proxy
+    await lock.release()
+    await cancel_once_the_key_exists(proxies, subject.admins, lock.key, lock.acquire())
+    for a in subject.admins:
+        await assert_absent_and_stays(a, lock.key)
+    await assert_nothing_leaked(*clients)
+    assert await lock.acquire(blocking=False)  # nothing stuck locally either
+    await lock.release()
+
+
+# --- a cancelled release still completes ---------------------------------------------------------
+
+
+def start_cancellable(
+    how: str, work: Callable[[], Awaitable[None]]
+) -> tuple[asyncio.Task[None], list[Callable[[], None]]]:
+    """Run ``work`` in a task under the cancellation ``how``; the list gets its trigger.
+
+    ``Task.cancel`` makes the task raise CancelledError; ``asyncio.timeout``
+    and ``anyio.move_on_after`` absorb their own cancellation.
+    """
+    trigger: list[Callable[[], None]] = []
+
+    def cancel_task() -> None:
+        task.cancel()
+
+    async def run() -> None:
+        if how == "Task.cancel":
+            trigger.append(cancel_task)
+            await work()
+        elif how == "asyncio.timeout":
+
+            async def in_timeout() -> None:
+                async with asyncio.timeout(None) as timeout:
+                    loop = asyncio.get_running_loop()
+                    trigger.append(lambda: timeout.reschedule(loop.time()))
+                    await work()
+
+            with pytest.raises(TimeoutError):
+                await in_timeout()
+        else:
+            with anyio.move_on_after(None) as scope:
+                trigger.append(scope.cancel)
+                await work()
+            assert scope.cancelled_caught
+
+    task = asyncio.create_task(run())
+    return task, trigger
+
+
+@pytest.mark.parametrize("how", ["Task.cancel", "asyncio.timeout", "anyio.move_on_after"])
+@pytest.mark.parametrize("form", ["release()", "async with exit"])
+async def test_cancelled_release_still_completes(
+    subject: Subject, events: list[LockEvent], form: str, how: str
+) -> None:
+    """A release cancelled while the servers hold it back completes; one 'released' event."""
+    lock = subject.make_lock(ttl=10.0)
+    may_leave = asyncio.Event()
+
+    async def hold_then_leave() -> None:
+        async with lock:
+            await may_leave.wait()
+
+    async def release() -> None:
+        await lock.release()  # from another task: a hand-off, allowed (DESIGN.md §6)
+
+    if form == "release()":
+        assert await lock.acquire()
+        await subject.pause()  # WRITE: the release is held back
+        task, trigger = start_cancellable(how, release)
+    else:
+        task, trigger = start_cancellable(how, hold_then_leave)
+        for a in subject.admins:
+            await wait_for_key(a, lock.key)
+        await subject.pause()
+        may_leave.set()
+    try:
+        await subject.wait_until_paused()
+        first = [await blocked_client_ids(a) for a in subject.admins]
+        trigger[0]()
+        if subject.kind == "AsyncLock":
+            # Cancelling closed that connection, so the server dropped the held-back command
+            # (measured: a paused command of a closed connection never runs). Only a release
+            # sent again, on another connection, can still delete the key. (Redlock lets its
+            # node calls finish within node_timeout instead.)
+
+            async def sent_again() -> bool:
+                now = await blocked_client_ids(subject.admins[0])
+                return bool(now) and not now & first[0]
+
+            await eventually(sent_again, "the cancelled release to be sent again", timeout=3.0)
+        await subject.unpause()
+        if how == "Task.cancel":
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            await task
+    finally:
+        await subject.unpause()
+        await finish(task)
+    for a in subject.admins:
+        await assert_absent_and_stays(a, lock.key)
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+    assert kinds(events, subject.name) == ["acquired", "released"]
+
+
+# --- loss ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["PEXPIRE 1", "DEL", "overwrite"])
+@pytest.mark.parametrize("kind", CALLBACK_KINDS)
+async def test_loss_is_reported_and_raised_on_exit(subject: Subject, kind: str, how: str) -> None:
+    """A lease taken away: lost is set, on_lost runs to its end once, exit raises LockLostError."""
+    losses = LossRecorder()
+    lock = subject.make_lock(ttl=0.3, on_lost=losses.callback(kind))
+
+    async def body() -> None:
+        async with lock:
+            await subject.take_away(lock.key, how)
+            await losses.wait(timeout=2.0)
+            assert is_lost(lock)
+            assert not await lock.owned()
+
+    with pytest.raises(LockLostError) as caught:
+        await body()
+    assert isinstance(caught.value, LockNotOwnedError)
+    assert isinstance(caught.value, LockError)
+    assert losses.locks == [lock]
+    assert is_lost(lock)
+    for a in subject.admins:  # another holder's key is never touched
+        assert await a.get(lock.key) == ("someone else" if how == "overwrite" else None)
+        await a.delete(lock.key)
+
+
+async def test_cancel_on_lost_cancels_the_body_at_once(subject: Subject) -> None:
+    """cancel_on_lost=True: the body awaiting after a loss is cancelled at once; LockLostError."""
+    lock = subject.make_lock(ttl=0.3, cancel_on_lost=True)
+    taken: list[float] = []
+    finished: list[bool] = []
+
+    async def body() -> None:
+        async with lock:
+            await subject.take_away(lock.key, "DEL")
+            taken.append(time.monotonic())
+            await asyncio.sleep(10)
+            finished.append(True)
+
+    started = time.monotonic()
+    with pytest.raises(LockLostError):
+        await body()
+    after_loss = time.monotonic() - taken[0]
+    assert finished == []
+    assert after_loss < 0.3, f"the body ran {after_loss:.3f} s after the loss"
+    assert time.monotonic() - started < 0.3 + SLACK
+    current = asyncio.current_task()
+    assert current is not None
+    assert current.cancelling() == 0, "the loss left a cancellation behind"
+    await asyncio.sleep(0)  # the test task itself is not cancelled
+    assert is_lost(lock)
+
+
+@pytest.mark.parametrize("await_loss", [True, False], ids=["loss-declared", "loss-at-exit"])
+async def test_body_exception_wins_and_carries_the_loss_as_note(
+    subject: Subject, await_loss: bool
+) -> None:
+    """The body's own exception propagates from a lost lock, with the loss attached as a note."""
+    losses = LossRecorder()
+    lock = subject.make_lock(ttl=0.3, on_lost=losses.function)
+
+    async def body() -> None:
+        async with lock:
+            await subject.take_away(lock.key, "DEL")
+            if await_loss:
+                await losses.wait(timeout=1.0)
+            raise ValueError("body failed")
+
+    with pytest.raises(ValueError, match="body failed") as caught:
+        await body()
+    assert str(caught.value) == "body failed"
+    notes: list[str] = getattr(caught.value, "__notes__", [])
+    if await_loss:
+        assert any("aiolock" in note and "lost" in note for note in notes), notes
+    else:  # found by the release at exit: the note is its LockLostError's message
+        said = f"aiolock: lock {subject.name!r} was no longer held"
+        assert any(note.startswith(said) for note in notes), notes
+    assert is_lost(lock)
+
+
+# --- bad arguments (§1) --------------------------------------------------------------------------
+
+
+async def assert_nothing_sent(subject: Subject) -> None:
+    """The failed call made no client connect and left no key of the test's name."""
+    for clients in subject.client_sets:
+        assert all(connections_made(c) == 0 for c in clients), "a bad argument made a connection"
+    assert await subject.keys_left() == []
+
+
+@pytest.mark.parametrize(
+    ("bad_name", "error"),
+    [("", ValueError), (42, TypeError), (5, TypeError), (b"x", TypeError), (None, TypeError)],
+    ids=["empty", "int", "5", "bytes", "None"],
+)
+async def test_bad_name(subject: Subject, bad_name: object, error: type[Exception]) -> None:
+    """An empty name is a ValueError; a name that is not a str is a TypeError; both name it."""
+    with pytest.raises(error, match=names_value("name", bad_name)):
+        subject.make_lock(bad_name)
+    await assert_nothing_sent(subject)
+
+
+class NegativeBackoff(backoff.Backoff):
+    """A user policy whose delays are negative."""
+
+    def delays(self) -> Iterator[float]:
+        while True:
+            yield -1
+
+
+class LaterNanBackoff(backoff.Backoff):
+    """A user policy that goes bad at its third delay."""
+
+    def delays(self) -> Iterator[float]:
+        yield 0.01
+        yield 0.02
+        while True:
+            yield NAN
+
+
+def _later_nan(attempt: int) -> float:
+    return NAN if attempt >= 3 else 0.01 * attempt
+
+
+def _returns_x(attempt: int) -> Any:
+    return "x"
+
+
+def _option_cases() -> Iterator[Any]:
+    """(option, value, error, shown in the message) for the options every primitive takes."""
+    for value, error in [
+        (0, ValueError),
+        (-1, ValueError),
+        (-1.0, ValueError),
+        (0.0, ValueError),
+        (-0.5, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (-INF, ValueError),
+        (0.0001, ValueError),
+        ("10", TypeError),
+        ("1", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ]:
+        yield pytest.param("ttl", value, error, repr(value), id=f"ttl={value!r}")
+    for value, error in [
+        (-1, ValueError),
+        (-0.001, ValueError),
+        (-INF, ValueError),
+        (NAN, ValueError),
+        ("5", TypeError),
+        ("x", TypeError),
+        (True, TypeError),
+    ]:
+        yield pytest.param("timeout", value, error, repr(value), id=f"timeout={value!r}")
+    for option in ["blocking", "auto_renew", "cancel_on_lost", "reentrant"]:
+        for value in [1, 0, "yes", "y", None]:
+            yield pytest.param(option, value, TypeError, repr(value), id=f"{option}={value!r}")
+    for value in [42, 5, "fast", 0.5]:
+        yield pytest.param("backoff", value, TypeError, repr(value), id=f"backoff={value!r}")
+    for label, policy, error, shown in [
+        ("lambda:-1.0", lambda n: -1.0, ValueError, "-1.0"),
+        ("lambda:nan", lambda n: NAN, ValueError, "nan"),
+        ("lambda:inf", lambda n: INF, ValueError, "inf"),
+        ("returns-x", _returns_x, TypeError, "'x'"),
+        ("from_callable:-1.0", backoff.from_callable(lambda n: -1.0), ValueError, "-1.0"),
+        ("nan-at-3rd", _later_nan, ValueError, "nan"),
+        ("subclass:-1", NegativeBackoff(), ValueError, "-1"),
+        ("subclass:nan-at-3rd", LaterNanBackoff(), ValueError, "nan"),
+    ]:
+        yield pytest.param("backoff", policy, error, shown, id=f"backoff={label}")
+    for value in [42, 5, "callback"]:
+        yield pytest.param("on_lost", value, TypeError, repr(value), id=f"on_lost={value!r}")
+    for value in [None, 3, 5, b"app:"]:
+        yield pytest.param("prefix", value, TypeError, repr(value), id=f"prefix={value!r}")
+
+
+@pytest.mark.parametrize(("option", "value", "error", "shown"), list(_option_cases()))
+async def test_bad_option_fails_at_construction(
+    subject: Subject, option: str, value: object, error: type[Exception], shown: str
+) -> None:
+    """Each bad keyword option raises at construction, naming the option and the bad value."""
+    kwargs: dict[str, Any] = {option: value}
+    with pytest.raises(error, match=names(option, shown)):
+        subject.make_lock(**kwargs)
+    await assert_nothing_sent(subject)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(-1, ValueError), (-0.5, ValueError), (NAN, ValueError), ("5", TypeError), (True, TypeError)],
+    ids=["-1", "-0.5", "nan", "str", "True"],
+)
+async def test_acquire_rejects_a_bad_timeout_and_stays_usable(
+    subject: Subject, timeout: object, error: type[Exception]
+) -> None:
+    """acquire(timeout=bad) raises naming timeout, sends nothing, and the lock still works."""
+    lock = subject.make_lock()
+    with pytest.raises(error, match=names_value("timeout", timeout)):
+        await lock.acquire(timeout=timeout)  # type: ignore[arg-type]
+    await assert_nothing_sent(subject)
+    assert await lock.acquire(timeout=0) is True
+    await lock.release()
+
+
+@pytest.mark.parametrize("blocking", ["no", 1, 0.0])
+async def test_acquire_rejects_a_non_bool_blocking(subject: Subject, blocking: object) -> None:
+    """acquire(blocking=non-bool) is a TypeError naming blocking; nothing is sent."""
+    lock = subject.make_lock()
+    with pytest.raises(TypeError, match=names_value("blocking", blocking)):
+        await lock.acquire(blocking=blocking)  # type: ignore[arg-type]
+    await assert_nothing_sent(subject)
+    assert await lock.acquire(blocking=False) is True
+    await lock.release()
+
+
+async def test_acquire_rejects_a_timeout_with_blocking_false(subject: Subject) -> None:
+    """acquire(blocking=False, timeout=1) is a ValueError (documented), and nothing is sent."""
+    lock = subject.make_lock()
+    with pytest.raises(ValueError, match=r"(?s)(?=.*\btimeout\b)(?=.*\bblocking=False\b)"):
+        await lock.acquire(blocking=False, timeout=1)
+    await assert_nothing_sent(subject)
+    assert not await lock.locked()
+
+
+@pytest.mark.parametrize(
+    ("ttl", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (-1.0, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (0.0001, ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+    ],
+    ids=["0", "-1", "-1.0", "nan", "inf", "0.0001", "str", "True"],
+)
+async def test_extend_rejects_a_bad_ttl_and_keeps_the_lease(
+    subject: Subject, ttl: object, error: type[Exception]
+) -> None:
+    """extend(ttl=bad) raises naming ttl and its value; the holding and its lease are untouched."""
+    lock = subject.make_lock(ttl=10.0)
+    assert await lock.acquire()
+    for a in subject.admins:
+        await a.pexpire(lock.key, 7000)
+    with pytest.raises(error, match=names_value("ttl", ttl)):
+        await lock.extend(ttl=ttl)  # type: ignore[arg-type]
+    for pttl in await subject.pttls(lock.key):
+        assert 5000 < pttl <= 7000, "a rejected extend changed the lease"
+    assert not is_lost(lock)
+    assert await lock.owned()
+    await lock.release()
+
+
+# --- observer events -----------------------------------------------------------------------------
+
+
+async def test_an_uncontended_holding_is_acquired_then_released(
+    subject: Subject, events: list[LockEvent]
+) -> None:
+    """acquire/release give 'acquired' (not contended, with the wait) and 'released' (held time)."""
+    lock = subject.make_lock(ttl=5.0)
+    async with lock:
+        await asyncio.sleep(0.05)
+    acquired, released = (e for e in events if e.name == subject.name)
+    assert acquired.kind == "acquired"
+    assert acquired.lock is lock
+    assert acquired.contended is False
+    assert acquired.waited is not None
+    assert 0 <= acquired.waited < 1.0
+    assert acquired.held is None
+    assert released.kind == "released"
+    assert released.lock is lock
+    assert released.held is not None
+    assert 0.05 <= released.held < 2.0
+
+
+async def test_renewals_by_the_watchdog_and_by_extend_are_reported(
+    subject: Subject, events: list[LockEvent]
+) -> None:
+    """Each lease reset is a 'renewed' event: the watchdog's and an explicit extend()'s."""
+    name = subject.name
+    lock = subject.make_lock(ttl=0.3)
+    async with lock:
+        await eventually(lambda: "renewed" in kinds(events, name), "a renewal")
+        before = kinds(events, name).count("renewed")
+        await lock.extend()
+        assert kinds(events, name).count("renewed") == before + 1
+    seen = [e for e in events if e.name == name]
+    assert seen[0].kind == "acquired"
+    assert seen[0].lock is lock
+    assert seen[0].contended is False
+    assert seen[-1].kind == "released"
+    assert seen[-1].held is not None
+    assert seen[-1].held >= 0.1
+    assert set(kinds(events, name)) == {"acquired", "renewed", "released"}
+
+
+@pytest.mark.parametrize("how", ["timeout", "blocking=False"])
+async def test_not_acquiring_in_time_is_reported(
+    subject: Subject, events: list[LockEvent], how: str
+) -> None:
+    """acquire() returning False gives one 'not_acquired' event with its wait, contended."""
+    holder = subject.make_lock(process=1, ttl=5.0)
+    assert await holder.acquire()
+    try:
+        lock = subject.make_lock(ttl=5.0)
+        if how == "timeout":
+            assert not await lock.acquire(timeout=0.2)
+        else:
+            assert not await lock.acquire(blocking=False)
+    finally:
+        await holder.release()
+    miss = the_miss(events, lock)
+    assert miss.contended is True
+    assert miss.waited is not None
+    if how == "timeout":
+        assert 0.2 <= miss.waited < 1.0
+    else:
+        assert miss.waited < 0.5
+
+
+async def test_a_cancelled_acquire_is_not_acquired_with_the_cancellation(
+    subject: Subject, events: list[LockEvent]
+) -> None:
+    """asyncio.timeout around async with: one 'not_acquired' whose error is the cancellation."""
+    holder = subject.make_lock(process=1, ttl=5.0)
+    assert await holder.acquire()
+    lock = subject.make_lock(ttl=5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2), lock:
+                pass
+    finally:
+        await holder.release()
+    miss = the_miss(events, lock)
+    assert isinstance(miss.error, asyncio.CancelledError)
+    assert miss.contended is True
+    assert miss.waited is not None
+    assert miss.waited >= 0.15
+
+
+async def test_a_release_that_finds_the_key_gone_reports_a_loss_not_a_release(
+    subject: Subject, events: list[LockEvent]
+) -> None:
+    """release() after the key was taken over: 'lost' (and LockLostError), no 'released'."""
+    lock = subject.make_lock(ttl=5.0)
+    assert await lock.acquire()
+    await subject.take_away(lock.key, "overwrite")
+    with pytest.raises(LockLostError):
+        await lock.release()
+    for a in subject.admins:
+        await a.delete(lock.key)
+    assert kinds(events, subject.name) == ["acquired", "lost"]
+
+
+async def test_every_acquire_reports_once_and_every_holding_ends_once(
+    subject: Subject, events: list[LockEvent]
+) -> None:
+    """Mixed traffic with timeouts and a takeover: one outcome per call, one end per holding."""
+    locks = [subject.make_lock(process=p, ttl=0.5, timeout=0.05) for p in (0, 1)]
+    calls = 0
+
+    async def worker(lock: Lock, rounds: int) -> None:
+        nonlocal calls
+        for _ in range(rounds):
+            calls += 1
+            if await lock.acquire():
+                await asyncio.sleep(0.01)
+                with contextlib.suppress(LockLostError):
+                    await lock.release()
+
+    async def takeover() -> None:
+        await asyncio.sleep(0.1)
+        for a in subject.admins:
+            await a.set(locks[0].key, "someone else", px=50)
+
+    await asyncio.gather(*(worker(locks[i % 2], 15) for i in range(6)), takeover())
+    seen = [e for e in events if e.name == subject.name]
+    outcomes = [e for e in seen if e.kind in ("acquired", "not_acquired")]
+    assert len(outcomes) == calls
+    acquired = sum(1 for e in seen if e.kind == "acquired")
+    ended = sum(1 for e in seen if e.kind in ("released", "lost"))
+    assert acquired == ended
+    assert any(e.kind == "not_acquired" for e in seen)
+    await eventually(_none_left(subject), "the takeover's key to expire")
