@@ -76,6 +76,8 @@ def check_timeout(value: object) -> float | None:
 
 def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> float:
     """Check a lease: a finite number of seconds > 0, and at least ``least`` (1 ms)."""
+    if value.__class__ is float and least <= value < math.inf:  # the common case, at once
+        return value
     ttl = check_seconds(name, value)
     assert ttl is not None  # noqa: S101 - allow_none is False
     if not math.isfinite(ttl) or ttl <= 0:

@@ -22,7 +22,7 @@ gh-86296) is honoured after every ``await``.
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, final
@@ -30,7 +30,7 @@ from typing import Any, final
 import anyio
 
 from . import backoff as _backoff
-from ._cancel import cancelling, honour_cancellation
+from ._cancel import honour_cancellation
 from ._lease import NOT_HELD, RETRY, Lease, Unanswered
 from ._notify import Subscription
 from ._queue import MARK_SLACK, Grant, LocalQueue, Turn, Undo, Yield
@@ -74,7 +74,6 @@ class Won:
 async def obtain(
     lease: Lease,
     task: asyncio.Task[Any],
-    ttl: float,
     policy: _backoff.Backoff,
     deadline: float | None,
     blocking: bool,
@@ -85,18 +84,18 @@ async def obtain(
     Returns None when ``deadline`` passed first (the baton passed on). On
     success ``task`` holds the local queue's baton.
     """
-    baseline = cancelling(task)
+    baseline = task.cancelling()
     queue = lease.queue()
     if queue.take(task):
         ticket: Grant | Turn | Undo | Yield | None = Turn.CONTEND
     else:
         contention.seen = True  # another task of this process had it, or was first in line
-        ticket = await queue.enter(task, lease, ttl, deadline, blocking)
+        ticket = await queue.enter(task, lease, deadline, blocking)
     if ticket is None:
         return None
     try:
         if isinstance(ticket, Grant):
-            if time.monotonic() < ticket.sent + lease.counted(ttl):
+            if time.monotonic() < ticket.sent + lease.span:
                 return Won(ticket.token, ticket.sent, ticket.fence, queue, handed=True)
             # The releaser's hand-over took longer than our lease: not a lock.
             ticket = Undo(ticket.token)
@@ -109,7 +108,7 @@ async def obtain(
                 return None
             ticket = Turn.CONTEND
         pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
-        won = await _contend(lease, queue, task, ttl, policy, deadline, baseline, pause, contention)
+        won = await _contend(lease, queue, task, policy, deadline, baseline, pause, contention)
     except BaseException:
         queue.leave()
         raise
@@ -122,7 +121,6 @@ async def _contend(
     lease: Lease,
     queue: LocalQueue,
     task: asyncio.Task[Any],
-    ttl: float,
     policy: _backoff.Backoff,
     deadline: float | None,
     baseline: int,
@@ -160,7 +158,7 @@ async def _contend(
                 subscription.mark()
             else:
                 seen = lease.generation()
-            token = secrets.token_hex(16)
+            token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
             mark_ms = 0
             if plain:
                 plain = False
@@ -173,29 +171,29 @@ async def _contend(
                 bound = step if deadline is None else min(step, deadline - time.monotonic())
                 mark_ms = int((bound + MARK_SLACK) * 1000) + 1
                 if waiter is None:
-                    waiter = secrets.token_hex(8)
+                    waiter = os.urandom(8).hex()
             sent = time.monotonic()
             try:
-                reply = await lease.attempt(token, ttl, deadline, waiter, mark_ms)
+                reply = await lease.attempt(token, deadline, waiter, mark_ms, task)
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
                 # deadline allows; without one, for one lease.
                 now = time.monotonic()
                 late_since = now if late_since is None else late_since
-                if deadline is None and now - late_since >= ttl:
+                if deadline is None and now - late_since >= lease.ttl:
                     raise late.error from None
                 reply = None
             else:
                 late_since = None
             if reply is not None and not reply[0] and reply[1] != NOT_HELD:
                 contention.seen = True
-            if cancelling(task) > baseline:
+            if task.cancelling() > baseline:
                 if reply is not None and reply[0]:
                     await lease.undo(token)
                 await honour_cancellation(task, baseline)
             now = time.monotonic()
             if reply is not None and reply[0]:
-                if now < sent + lease.counted(ttl):
+                if now < sent + lease.span:
                     won = Won(token, sent, reply[1], queue, handed=False)
                     return won
                 # The reply came after the lease it granted had run out: not a lock.

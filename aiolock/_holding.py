@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import secrets
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +37,10 @@ from ._checks import UNSET, Unset, check_bool, check_callback, check_timeout
 from ._contend import Contention, Won, obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._lease import GRACE, Lease
-from ._observe import EventKind, LockEvent, emit, observing
+from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo, Yield, yield_wait
 from ._renewal import Holding, keep_alive
-from ._timers import Cutoff, call_at
+from ._timers import Cutoff, Timer, call_at
 
 __all__ = ["LeaseLock", "LockStatistics", "current_task"]
 
@@ -50,8 +50,19 @@ logger = logging.getLogger("aiolock")
 _DEFAULT_BACKOFF: Final = _backoff.exponential()
 
 
-def current_task() -> asyncio.Task[Any]:
-    """The running task (aiolock is used from inside tasks only)."""
+def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
+    """The running task (aiolock is used from inside tasks only).
+
+    With a holding at hand (``hint``), the task is looked up in its loop:
+    asking for the running loop checks the process id, a system call on
+    glibc >= 2.25, which the uncontended cycle would pay at every step. A
+    lock object serves the tasks of one event loop at a time; if ``hint``
+    belongs to a loop that is not running, the running loop is asked.
+    """
+    if hint is not None:
+        task = asyncio.current_task(hint.task.get_loop())
+        if task is not None:
+            return task
     task = asyncio.current_task()
     if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
         raise RuntimeError("aiolock must be used from inside an asyncio task")
@@ -112,17 +123,29 @@ class LeaseLock:
 
         The lease (with the name) and ``ttl`` come checked by the primitive.
         """
+        if not (
+            blocking.__class__ is bool
+            and auto_renew.__class__ is bool
+            and cancel_on_lost.__class__ is bool
+            and reentrant.__class__ is bool
+        ):
+            # Reachable for callers that ignore the annotations (mypy trusts them).
+            check_bool("blocking", blocking)  # type: ignore[unreachable]
+            check_bool("auto_renew", auto_renew)
+            check_bool("cancel_on_lost", cancel_on_lost)
+            check_bool("reentrant", reentrant)
         self._name = lease.name
         self._lease = lease
         self._ttl = ttl
-        self._timeout = check_timeout(timeout)
-        self._blocking = check_bool("blocking", blocking)
+        self._timeout = None if timeout is None else check_timeout(timeout)
+        self._blocking = blocking
         self._backoff = _DEFAULT_BACKOFF if backoff is None else _backoff._coerce(backoff)
-        self._auto_renew = check_bool("auto_renew", auto_renew)
-        check_callback("on_lost", on_lost)
+        self._auto_renew = auto_renew
+        if on_lost is not None:
+            check_callback("on_lost", on_lost)
         self._on_lost = on_lost
-        self._cancel_on_lost = check_bool("cancel_on_lost", cancel_on_lost)
-        self._reentrant = check_bool("reentrant", reentrant)
+        self._cancel_on_lost = cancel_on_lost
+        self._reentrant = reentrant
         self._by_task: dict[asyncio.Task[Any], Holding] = {}
         self._current: Holding | None = None
         self._last: Holding | None = None
@@ -244,7 +267,7 @@ class LeaseLock:
             if not blocking:
                 raise ValueError("timeout cannot be given with blocking=False")
             wait = check_timeout(timeout)
-        task = current_task()
+        task = current_task(self._last)
         mine = self._by_task.get(task)
         if mine is not None:
             if mine.lost:
@@ -272,22 +295,21 @@ class LeaseLock:
             won = await obtain(
                 self._lease,
                 task,
-                self._ttl,
                 self._backoff,
                 deadline,
                 deadline is None or deadline > started,
                 contention,
             )
         except BaseException as exc:
-            if observing():
+            if observers:
                 self._gave_up(started, contention, exc)
             raise
         if won is None:
-            if observing():
+            if observers:
                 self._gave_up(started, contention, None)
             return False
         holding = self._hold(task, won)
-        if observing():
+        if observers:
             self._event(
                 "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
             )
@@ -300,14 +322,13 @@ class LeaseLock:
         local run; one taken on the server starts a new one.
         """
         lease = self._lease
-        ttl = self._ttl
         sent = won.sent
         queue = won.queue
         holding = Holding(
             won.token,
             task,
-            ttl,
-            lease.counted(ttl),
+            lease.ttl,
+            lease.span,
             sent,
             won.fence if lease.fencing else None,
             queue,
@@ -319,9 +340,13 @@ class LeaseLock:
         self._current = holding
         self._last = holding
         if self._auto_renew:
-            holding.timer = call_at(sent + holding.span / 3, self._start_renewal, holding)
+            holding.timer = call_at(
+                sent + holding.span / 3, self._start_renewal, holding, loop=task.get_loop()
+            )
         else:
-            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+            holding.timer = call_at(
+                holding.lease_end, self._lease_over, holding, loop=task.get_loop()
+            )
         holding.owner_done = self._task_done
         task.add_done_callback(self._task_done)
         logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)
@@ -408,7 +433,11 @@ class LeaseLock:
     def _end(self, holding: Holding) -> None:
         """Forget ``holding`` locally (the server side is the caller's business)."""
         holding.ended = True
-        self._stop_watching(holding)
+        if holding.timer is not None:
+            holding.timer.cancel()
+            holding.timer = None
+        if holding.renewal is not None:
+            self._stop_watching(holding)
         if self._by_task.get(holding.task) is holding:
             del self._by_task[holding.task]
         if self._current is holding:
@@ -446,11 +475,11 @@ class LeaseLock:
             redis.exceptions.RedisError: the server failed, or did not answer
                 before the lease ended; the key expires with its lease.
         """
-        await self._release(current_task())
+        await self._release(current_task(self._last))
 
     async def _release(self, task: asyncio.Task[Any]) -> None:
         """What :meth:`release` does, called from ``task``."""
-        holding = self._holding_to_release(task)
+        holding = self._by_task.get(task) or self._current
         if holding is None:
             raise LockNotOwnedError(f"lock {self._name!r} is not held")
         if holding.depth > 1 and not holding.lost:
@@ -460,6 +489,10 @@ class LeaseLock:
         if not holding.lost and time.monotonic() >= holding.lease_end:
             # The loop was blocked past the lease: the watchdog had no chance to run.
             self._declare_lost(holding, "the lease ran out before release")
+        # The holding's timer (its first renewal, or its lease end) is due before the
+        # release's cut-off: the cut-off reuses it rather than arming a timer of its own.
+        spare = holding.timer
+        holding.timer = None
         self._end(holding)
         lease = self._lease
         try:
@@ -468,14 +501,18 @@ class LeaseLock:
             entry = holding.queue.reserve() if holding.has_baton else None
             if entry is not None:
                 holding.has_baton = False  # reserved for `entry`
-                deleted = await self._hand_over(holding, holding.queue, entry)
+                deleted = await self._hand_over(holding, holding.queue, entry, task, spare)
             else:
-                deleted = await lease.release(holding.token, holding.lease_end)
+                deleted = await lease.release(holding.token, holding.lease_end, task, spare)
             if not deleted:
                 self._report_loss(holding, f"{lease.gone} at release")
         finally:
-            self._pass_baton(holding)
-            if not holding.lost:
+            if spare is not None:
+                spare.cancel()
+            if holding.has_baton:
+                holding.has_baton = False
+                holding.queue.leave()
+            if observers and not holding.lost:
                 # Given up: deleted, or (cancelled, failed) undone or left to its lease.
                 self._event("released", holding)
             if holding.renewal is not None or holding.callbacks:
@@ -483,13 +520,20 @@ class LeaseLock:
         if not deleted:
             raise LockLostError(
                 f"lock {self._name!r} was no longer held by this holder at release: "
-                f"{lease.gone} (its lease ran out); other holders' keys were left alone"
+                f"{lease.gone}; other holders' keys were left alone"
             )
         logger.debug("released lock %r", self._name)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
 
-    async def _hand_over(self, holding: Holding, queue: LocalQueue, entry: Entry) -> bool:
+    async def _hand_over(
+        self,
+        holding: Holding,
+        queue: LocalQueue,
+        entry: Entry,
+        task: asyncio.Task[Any],
+        spare: Timer | None,
+    ) -> bool:
         """Release ``holding`` straight to the reserved local waiter ``entry``.
 
         Returns whether the key was still ours. Whatever happens, ``entry``
@@ -498,15 +542,13 @@ class LeaseLock:
         to delete the token it may have been given first (an :class:`Undo`).
         """
         lease = self._lease
-        token = secrets.token_hex(16)
+        token = os.urandom(16).hex()
         sent = time.monotonic()
         may_yield = sent - queue.run_started >= LOCAL_RUN
         try:
             # Bounded by the releaser's lease, like a plain release.
-            with Cutoff(holding.lease_end + GRACE) as cutoff:
-                reply = await lease.hand_over(
-                    holding.token, entry.heir, token, entry.ttl, may_yield
-                )
+            with Cutoff(holding.lease_end + GRACE, task, spare) as cutoff:
+                reply = await lease.hand_over(holding.token, entry.heir, token, may_yield)
         except BaseException:
             # It may have run: make sure neither token keeps the key, then let the heir contend.
             queue.give(entry, Turn.CONTEND)
@@ -526,7 +568,7 @@ class LeaseLock:
         if reply is None:
             # This lease cannot hand over: release, then let the heir contend.
             try:
-                return await lease.release(holding.token, holding.lease_end)
+                return await lease.release(holding.token, holding.lease_end, task, None)
             finally:
                 queue.give(entry, Turn.CONTEND)
         if reply[0] == 1:
@@ -609,7 +651,7 @@ class LeaseLock:
         error: BaseException | None = None,
     ) -> None:
         """Tell the observers (see :mod:`aiolock._observe`), if there are any."""
-        if not observing():
+        if not observers:
             return
         held = None
         fence = None
@@ -673,7 +715,7 @@ class LeaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task = current_task()
+        task = current_task(self._last)
         cancelled_by_loss = False
         if self._cancel_on_lost:
             stack = self._scopes.get(task)

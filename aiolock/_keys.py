@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from typing import Final, final
 
-__all__ = ["DEFAULT_PREFIX", "Keys"]
+__all__ = ["DEFAULT_PREFIX", "Keys", "keys_for"]
 
 #: The prefix of every key unless a lock is given another.
 DEFAULT_PREFIX: Final = "aiolock:"
+#: How many names :func:`keys_for` remembers (then it starts afresh).
+_REMEMBERED: Final = 4096
 
 
 @final
@@ -64,3 +66,24 @@ class Keys:
 
     def __repr__(self) -> str:
         return f"Keys({self.lock!r})"
+
+
+_known: dict[tuple[str, str], Keys] = {}
+
+
+def keys_for(name: str, prefix: str = DEFAULT_PREFIX) -> Keys:
+    """``Keys(name, prefix)``, remembered: a handler that makes a lock per request names few.
+
+    Raises:
+        TypeError: ``name`` or ``prefix`` is not a str.
+        ValueError: as :class:`Keys`.
+    """
+    if name.__class__ is str and prefix.__class__ is str:
+        known = _known.get((name, prefix))
+        if known is not None:
+            return known
+    keys = Keys(name, prefix)  # checks them
+    if len(_known) >= _REMEMBERED:
+        _known.clear()
+    _known[name, prefix] = keys
+    return keys

@@ -34,7 +34,7 @@ from ._cancel import run_shielded
 from ._checks import check_ttl, to_ms
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
 from ._scripts import ACQUIRE, EXTEND, HANDOVER, RELEASE, UNMARK
-from ._timers import Cutoff
+from ._timers import Cutoff, Timer
 from ._wire import Wire
 
 if TYPE_CHECKING:
@@ -101,6 +101,10 @@ class Lease(Protocol):
     fencing: bool
     #: How the server(s) had stopped holding our token, in words: "<gone> at release".
     gone: str
+    #: The lease an acquisition asks for, in seconds (the primitive's ``ttl``).
+    ttl: float
+    #: The same lease as the holder counts it (:meth:`counted` of :attr:`ttl`).
+    span: float
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease this lease can ask for; return it in seconds."""
@@ -115,7 +119,7 @@ class Lease(Protocol):
         ...
 
     def existing_queue(self) -> LocalQueue | None:
-        """The local queue, if anyone is in it."""
+        """The local queue, if there is one (it may be idle)."""
         ...
 
     def generation(self) -> int | None:
@@ -127,20 +131,31 @@ class Lease(Protocol):
         ...
 
     async def attempt(
-        self, token: str, ttl: float, deadline: float | None, waiter: str | None, mark_ms: int
+        self,
+        token: str,
+        deadline: float | None,
+        waiter: str | None,
+        mark_ms: int,
+        task: asyncio.Task[Any],
     ) -> Reply | None:
-        """One attempt to take the lock with ``token``; None if cut off at the deadline.
+        """One attempt of ``task`` to take the lock with ``token`` for :attr:`ttl`.
+
+        Returns None if it was cut off at the deadline.
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
         """
         ...
 
-    async def release(self, token: str, until: float) -> bool:
+    async def release(
+        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
+    ) -> bool:
         """Delete the lock if it holds ``token``; False if it no longer did.
 
         Bounded by ``until`` (the holding's lease end), after which the
-        server expires the key by itself.
+        server expires the key by itself; ``task`` is the releasing task, and
+        ``spare`` a timer of the holding's due before ``until`` that a cut-off
+        may reuse (see :class:`~aiolock._timers.Cutoff`).
         """
         ...
 
@@ -157,9 +172,9 @@ class Lease(Protocol):
         ...
 
     async def hand_over(
-        self, token: str, heir: object, heir_token: str, heir_ttl: float, may_yield: bool
+        self, token: str, heir: object, heir_token: str, may_yield: bool
     ) -> Reply | None:
-        """Release ``token`` straight to a local waiter; None if this lease cannot.
+        """Release ``token`` straight to a local waiter (for its lease); None if this cannot.
 
         Returns ``(1, fence)`` when the lock now holds ``heir_token``;
         ``(2, marker)`` when it was released for waiters elsewhere
@@ -208,6 +223,7 @@ class ServerLease:
         "_acquire_keys",
         "_cleanup",
         "_listeners",
+        "_ms",
         "_notify",
         "_queues",
         "_release_args",
@@ -221,6 +237,8 @@ class ServerLease:
         "keys",
         "marks",
         "name",
+        "span",
+        "ttl",
         "wire",
     )
 
@@ -229,8 +247,8 @@ class ServerLease:
         client: Client,
         name: str,
         keys: Keys,
-        *,
         ttl: float,
+        *,
         notify: bool = True,
         fencing: bool = False,
         replicas: int = 0,
@@ -247,6 +265,8 @@ class ServerLease:
         self._replicas = replicas
         self._replica_timeout = replica_timeout
         self._replica_fsync = replica_fsync
+        self.ttl = self.span = ttl
+        self._ms = to_ms(ttl)
         self._cleanup = min(ttl, CLEANUP_BOUND)
         self.bare_first = not (fencing or replicas)
         self.marks = True
@@ -271,7 +291,7 @@ class ServerLease:
         return queue_for(self._queues, self.key)
 
     def existing_queue(self) -> LocalQueue | None:
-        """The client's local queue for this key, if anyone is in it."""
+        """The client's local queue for this key, if there is one (it may be idle)."""
         return existing_queue(self._queues, self.key)
 
     def generation(self) -> int | None:
@@ -290,9 +310,14 @@ class ServerLease:
     # -- acquire -----------------------------------------------------------------------
 
     async def attempt(
-        self, token: str, ttl: float, deadline: float | None, waiter: str | None, mark_ms: int
+        self,
+        token: str,
+        deadline: float | None,
+        waiter: str | None,
+        mark_ms: int,
+        task: asyncio.Task[Any],
     ) -> Reply | None:
-        """Send one acquire attempt; None if it was cut off at the deadline.
+        """Send one acquire attempt of ``task``; None if it was cut off at the deadline.
 
         An attempt without a ``waiter`` and without fencing is a bare ``SET NX
         PX``: on an uncontended lock (the common case) it costs a tenth less
@@ -305,15 +330,14 @@ class ServerLease:
         deadline plus :data:`GRACE`), the ``SET`` may have reached the server,
         so it is undone with the same token before this returns or raises.
         """
-        ms = to_ms(ttl)
         wire = self.wire
         if wire.cluster:
             await wire.ready()
         try:
             if deadline is None:
-                return await self._send(token, ms, waiter, mark_ms)
-            with Cutoff(deadline + GRACE) as cutoff:
-                reply = await self._send(token, ms, waiter, mark_ms)
+                return await self._send(token, waiter, mark_ms)
+            with Cutoff(deadline + GRACE, task) as cutoff:
+                reply = await self._send(token, waiter, mark_ms)
             if not cutoff.expired:
                 return reply
         except BaseException:
@@ -322,7 +346,8 @@ class ServerLease:
         await self.undo(token)
         return None
 
-    async def _send(self, token: str, ms: int, waiter: str | None, mark_ms: int) -> Reply:
+    async def _send(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
+        ms = self._ms
         if self._replicas:
             return await self._replicated(token, ms, waiter, mark_ms)
         if waiter is None and not self.fencing:
@@ -386,9 +411,9 @@ class ServerLease:
 
     # -- raw operations (a quorum of leases calls them on each node) -------------------
 
-    async def take(self, token: str, ttl: float) -> bool:
+    async def take(self, token: str) -> bool:
         """One bare ``SET NX PX``: whether it took the lock (no undo, no cut-off)."""
-        return await self.wire.set_nx(self.key, token, to_ms(ttl))
+        return await self.wire.set_nx(self.key, token, self._ms)
 
     async def delete(self, token: str) -> bool:
         """The release script: delete the key if it holds ``token``, and announce it."""
@@ -400,7 +425,9 @@ class ServerLease:
 
     # -- holding -----------------------------------------------------------------------
 
-    async def release(self, token: str, until: float) -> bool:
+    async def release(
+        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
+    ) -> bool:
         """Delete the key if it holds ``token`` and announce it; cut off at ``until`` + GRACE.
 
         Raises:
@@ -408,7 +435,7 @@ class ServerLease:
                 lease end): the server expires the key by itself.
         """
         try:
-            with Cutoff(until + GRACE) as cutoff:
+            with Cutoff(until + GRACE, task, spare) as cutoff:
                 deleted = await self.delete(token)
         except asyncio.CancelledError:
             await self.undo(token)
@@ -425,7 +452,7 @@ class ServerLease:
         return bool(await self.wire.run(EXTEND, (self.key,), (token, to_ms(ttl))))
 
     async def hand_over(
-        self, token: str, heir: object, heir_token: str, heir_ttl: float, may_yield: bool
+        self, token: str, heir: object, heir_token: str, may_yield: bool
     ) -> Reply | None:
         """Swap ``token`` for ``heir_token`` in one script (see HANDOVER); None if it cannot.
 
@@ -438,7 +465,7 @@ class ServerLease:
         args = (
             token,
             heir_token,
-            to_ms(heir_ttl),
+            heir._ms,
             *self._release_args,
             own,
             "1" if may_yield else "0",

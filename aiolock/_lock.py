@@ -10,7 +10,7 @@ from redis.asyncio import RedisCluster
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
 from ._holding import LeaseLock, LockStatistics
-from ._keys import DEFAULT_PREFIX, Keys
+from ._keys import DEFAULT_PREFIX, keys_for
 from ._lease import ServerLease
 from ._types import Client
 
@@ -124,30 +124,32 @@ class AsyncLock(LeaseLock):
         replica_fsync: bool = False,
     ) -> None:
         client = check_client(client)
-        keys = Keys(name, prefix)
+        keys = keys_for(name, prefix)
         ttl = check_ttl(ttl)
-        if isinstance(replicas, bool) or not isinstance(replicas, int):
-            raise TypeError(f"replicas must be an int, got {replicas!r}")
-        if replicas < 0:
-            raise ValueError(f"replicas must be >= 0, got {replicas!r}")
-        if replicas and isinstance(client, RedisCluster):
-            raise ValueError(
-                f"replicas={replicas} is not available with a RedisCluster client "
-                "(WAIT must run on the connection that took the lock)"
-            )
+        if not (notify.__class__ is bool and fencing.__class__ is bool):
+            check_bool("notify", notify)  # type: ignore[unreachable] # for unannotated callers
+            check_bool("fencing", fencing)
+        if replicas.__class__ is not int or replicas or replica_timeout is not None:
+            if isinstance(replicas, bool) or not isinstance(replicas, int):
+                raise TypeError(f"replicas must be an int, got {replicas!r}")
+            if replicas < 0:
+                raise ValueError(f"replicas must be >= 0, got {replicas!r}")
+            if replicas and isinstance(client, RedisCluster):
+                raise ValueError(
+                    f"replicas={replicas} is not available with a RedisCluster client "
+                    "(WAIT must run on the connection that took the lock)"
+                )
+            if replica_timeout is not None:
+                replica_timeout = check_ttl(replica_timeout, "replica_timeout")
         lease = ServerLease(
             client,
             name,
             keys,
-            ttl=ttl,
-            notify=check_bool("notify", notify),
-            fencing=check_bool("fencing", fencing),
+            ttl,
+            notify=notify,
+            fencing=fencing,
             replicas=replicas,
-            replica_timeout=(
-                min(ttl / 10, 1.0)
-                if replica_timeout is None
-                else check_ttl(replica_timeout, "replica_timeout")
-            ),
+            replica_timeout=min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
             replica_fsync=check_bool("replica_fsync", replica_fsync),
         )
         super().__init__(

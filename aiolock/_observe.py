@@ -30,6 +30,7 @@ __all__ = [
     "Observer",
     "add_observer",
     "emit",
+    "observers",
     "observing",
     "remove_observer",
 ]
@@ -95,7 +96,8 @@ class LockEvent:
 #: What :func:`add_observer` takes: a callable of one :class:`LockEvent`.
 Observer: TypeAlias = Callable[[LockEvent], object]
 
-_observers: list[Observer] = []
+#: The registered observers (read directly on hot paths: an empty list is falsy).
+observers: list[Observer] = []
 
 
 def add_observer(observer: Observer) -> None:
@@ -109,7 +111,7 @@ def add_observer(observer: Observer) -> None:
     """
     if not callable(observer):
         raise TypeError(f"observer must be a callable taking a LockEvent, got {observer!r}")
-    _observers.append(observer)
+    observers.append(observer)
 
 
 def remove_observer(observer: Observer) -> None:
@@ -119,19 +121,19 @@ def remove_observer(observer: Observer) -> None:
         ValueError: ``observer`` was not added.
     """
     try:
-        _observers.remove(observer)
+        observers.remove(observer)
     except ValueError:
         raise ValueError(f"observer {observer!r} was not added") from None
 
 
 def observing() -> bool:
     """Whether any observer is registered (checked before building an event)."""
-    return bool(_observers)
+    return bool(observers)
 
 
 def emit(event: LockEvent) -> None:
     """Hand ``event`` to every observer; log and swallow what they raise."""
-    for observer in tuple(_observers):
+    for observer in tuple(observers):
         try:
             observer(event)
         except Exception:

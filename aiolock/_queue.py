@@ -68,6 +68,9 @@ MARK_SLACK: Final = 0.25
 YIELD_CAP: Final = 0.5
 #: Seconds allowed for a polling waiter's attempt to reach the server after its pause.
 _YIELD_MARGIN: Final = 0.02
+#: How many queues a client keeps once they are empty (for the next acquisition of
+#: the same key); beyond that an emptied queue is dropped.
+_KEEP_IDLE: Final = 64
 
 
 def yield_wait(marker_pttl_ms: int) -> float:
@@ -132,6 +135,9 @@ class Heir(Protocol):
     the lock over reads the rest of the heir's lease itself.
     """
 
+    #: The lease (seconds) an acquisition through it asks for.
+    ttl: float
+
     def undo(self, token: str) -> Awaitable[None]:
         """Delete the key if it holds ``token``: shielded, bounded, best effort."""
         ...
@@ -139,11 +145,10 @@ class Heir(Protocol):
 
 @dataclass(eq=False, slots=True)
 class Entry:
-    """A task waiting in the queue, with the lease it waits through and its lease time."""
+    """A task waiting in the queue, with the lease it waits through."""
 
     task: asyncio.Task[Any]
     heir: Heir
-    ttl: float
     future: asyncio.Future[Ticket]
 
 
@@ -187,7 +192,6 @@ class LocalQueue:
         self,
         task: asyncio.Task[Any],
         heir: Heir,
-        ttl: float,
         deadline: float | None,
         blocking: bool,
     ) -> Ticket | None:
@@ -212,7 +216,7 @@ class LocalQueue:
             )
         if not blocking:
             return None
-        entry = Entry(task, heir, ttl, asyncio.get_running_loop().create_future())
+        entry = Entry(task, heir, asyncio.get_running_loop().create_future())
         self._waiters.append(entry)
         try:
             if deadline is None:
@@ -270,7 +274,11 @@ class LocalQueue:
         return True
 
     def leave(self) -> None:
-        """Give the baton to the next waiter, or free the queue."""
+        """Give the baton to the next waiter, or free the queue.
+
+        A freed queue stays with its client for the next acquisition of the
+        key while the client keeps few (:data:`_KEEP_IDLE`), else it is dropped.
+        """
         self.holder = None
         while self._waiters:
             entry = self._waiters.popleft()
@@ -279,8 +287,9 @@ class LocalQueue:
                 entry.future.set_result(Turn.CONTEND)
                 return
         self.owner = None
-        if self._home.get(self._key) is self:
-            del self._home[self._key]
+        home = self._home
+        if len(home) > _KEEP_IDLE and home.get(self._key) is self:
+            del home[self._key]
 
 
 _queues: weakref.WeakKeyDictionary[Any, dict[str, LocalQueue]] = weakref.WeakKeyDictionary()
@@ -304,5 +313,5 @@ def queue_for(home: dict[str, LocalQueue], key: str) -> LocalQueue:
 
 
 def existing_queue(home: dict[str, LocalQueue], key: str) -> LocalQueue | None:
-    """Return the local queue of ``key`` in ``home`` if anyone is in it."""
+    """Return the local queue of ``key`` in ``home`` if there is one (it may be idle)."""
     return home.get(key)

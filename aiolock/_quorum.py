@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, final
+from typing import Any, Final, final
 
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -36,6 +36,7 @@ from . import _notify
 from ._checks import check_seconds
 from ._lease import NOT_HELD, Reply, ServerLease, Unanswered
 from ._queue import LocalQueue
+from ._timers import Timer
 from ._types import Client
 
 __all__ = ["MIN_TTL", "QuorumLease", "address", "drift"]
@@ -105,10 +106,14 @@ class QuorumLease:
         "marks",
         "name",
         "quorum",
+        "span",
+        "ttl",
     )
 
     def __init__(self, nodes: Sequence[ServerLease], name: str, node_timeout: float) -> None:
         self._nodes = tuple(nodes)
+        self.ttl = self._nodes[0].ttl
+        self.span = self.counted(self.ttl)
         self.name = name
         self._node_timeout = node_timeout
         self.key = self._nodes[0].key
@@ -137,7 +142,7 @@ class QuorumLease:
         return queue
 
     def existing_queue(self) -> LocalQueue | None:
-        """This lock object's local queue, if anyone is in it."""
+        """This lock object's local queue, if there is one (it may be idle)."""
         return self._queues.get(_QUEUE_KEY)
 
     def generation(self) -> None:
@@ -211,7 +216,12 @@ class QuorumLease:
     # -- acquire -----------------------------------------------------------------------
 
     async def attempt(
-        self, token: str, ttl: float, deadline: float | None, waiter: str | None, mark_ms: int
+        self,
+        token: str,
+        deadline: float | None,
+        waiter: str | None,
+        mark_ms: int,
+        task: asyncio.Task[Any],
     ) -> Reply:
         """One attempt on every node: ``(1, 0)`` if it won, else ``(0, -1 or NOT_HELD)``.
 
@@ -224,9 +234,10 @@ class QuorumLease:
             Unanswered: every node failed, some by missing ``node_timeout``.
             Exception: every node failed with an error; the last node's.
         """
+        ttl = self.ttl
         sent = time.monotonic()
         try:
-            outcomes = await self._on_every_node(lambda node: node.take(token, ttl), patient=True)
+            outcomes = await self._on_every_node(lambda node: node.take(token), patient=True)
         except BaseException:
             await self.undo(token)
             raise
@@ -255,7 +266,9 @@ class QuorumLease:
 
     # -- holding -----------------------------------------------------------------------
 
-    async def release(self, token: str, until: float) -> bool:
+    async def release(
+        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
+    ) -> bool:
         """Delete our key from every node: True if a majority did, False if it was gone.
 
         Raises:
@@ -298,9 +311,7 @@ class QuorumLease:
             )
         raise failed[-1]
 
-    async def hand_over(
-        self, token: str, heir: object, heir_token: str, heir_ttl: float, may_yield: bool
-    ) -> None:
+    async def hand_over(self, token: str, heir: object, heir_token: str, may_yield: bool) -> None:
         """A quorum does not hand over: the next local task contends after the release."""
         return None
 

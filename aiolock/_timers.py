@@ -72,6 +72,18 @@ class Timer:
             self._args = ()
             self._scheduler.cancelled()
 
+    def reuse(self, callback: Callable[..., object], *args: Any) -> bool:
+        """Run ``callback(*args)`` at this timer's deadline instead; False if it is done.
+
+        Saves a new timer for a later deadline: the new callback, called at
+        this earlier one, arms the later one only if it is still needed.
+        """
+        if self.done:
+            return False
+        self._callback = callback
+        self._args = args
+        return True
+
     def _run(self) -> None:
         self.done = True
         self._callback(*self._args)
@@ -153,14 +165,36 @@ _schedulers: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def call_at(when: float, callback: Callable[..., object], *args: Any) -> Timer:
-    """Call ``callback(*args)`` in the running loop at monotonic time ``when``."""
-    loop = asyncio.get_running_loop()
-    ref = _schedulers.get(loop)
-    scheduler = None if ref is None else ref()
+#: The loop and the scheduler of the latest call, both weakly (the common case: one loop).
+_latest: (
+    tuple[weakref.ReferenceType[asyncio.AbstractEventLoop], weakref.ReferenceType[_Scheduler]]
+    | None
+) = None
+
+
+def call_at(
+    when: float,
+    callback: Callable[..., object],
+    *args: Any,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> Timer:
+    """Call ``callback(*args)`` in ``loop`` (default: the running loop) at monotonic ``when``.
+
+    Pass the loop when it is at hand (``task.get_loop()``): asking for the
+    running loop checks the process id, a system call on glibc >= 2.25.
+    """
+    global _latest  # a one-entry cache in front of the registry
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    latest = _latest
+    scheduler = latest[1]() if latest is not None and latest[0]() is loop else None
     if scheduler is None:
-        scheduler = _Scheduler(loop)
-        _schedulers[loop] = weakref.ref(scheduler)
+        ref = _schedulers.get(loop)
+        scheduler = None if ref is None else ref()
+        if scheduler is None:
+            scheduler = _Scheduler(loop)
+            _schedulers[loop] = weakref.ref(scheduler)
+        _latest = (weakref.ref(loop), weakref.ref(scheduler))
     return scheduler.add(when, callback, args)
 
 
@@ -177,22 +211,42 @@ class Cutoff:
 
     __slots__ = ("_cancelling", "_task", "_timer", "_when", "expired")
 
-    def __init__(self, when: float) -> None:
+    def __init__(
+        self, when: float, task: asyncio.Task[Any] | None = None, spare: Timer | None = None
+    ) -> None:
+        """Cut off the block at ``when``.
+
+        ``task`` is the running task, if at hand. ``spare`` is a timer due no
+        later than ``when`` that is no longer needed (a holding's renewal
+        timer, at its release): it is reused, so that a block that ends
+        before it is due costs no timer of its own.
+        """
         self._when = when
-        self._task: asyncio.Task[Any] | None = None
-        self._timer: Timer | None = None
+        self._task = task
+        self._timer = spare
         self._cancelling = 0
         #: The deadline passed inside the block, and the block was cut off there.
         self.expired = False
 
     def __enter__(self) -> Cutoff:
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - only outside a task, which asyncio forbids
-            raise RuntimeError("Cutoff must be used inside a task")
-        self._task = task
+        task = self._task
+        if task is None:
+            task = self._task = asyncio.current_task()
+            if task is None:  # pragma: no cover - only outside a task, which asyncio forbids
+                raise RuntimeError("Cutoff must be used inside a task")
         self._cancelling = task.cancelling()
-        self._timer = call_at(self._when, self._expire)
+        spare = self._timer
+        if spare is None or not spare.reuse(self._due):
+            self._timer = call_at(self._when, self._expire, loop=task.get_loop())
         return self
+
+    def _due(self) -> None:
+        """The spare timer is due: cut off now, or arm the real deadline."""
+        if time.monotonic() >= self._when:
+            self._expire()
+        else:
+            assert self._task is not None  # noqa: S101 - armed in __enter__
+            self._timer = call_at(self._when, self._expire, loop=self._task.get_loop())
 
     def _expire(self) -> None:
         assert self._task is not None  # noqa: S101 - armed in __enter__

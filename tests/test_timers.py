@@ -19,15 +19,10 @@ from typing import Any, Final
 
 import anyio
 import pytest
+from support import LOOPS, eventually
 
 from aiolock import _timers
 from aiolock._timers import Cutoff, Timer, call_at
-
-_new_uvloop: Callable[[], asyncio.AbstractEventLoop] | None
-try:
-    from uvloop import new_event_loop as _new_uvloop
-except ImportError:  # pragma: no cover - uvloop is a dev dependency
-    _new_uvloop = None
 
 #: How late a callback may run after its deadline on an idle loop.
 SLACK: Final = 0.05
@@ -60,14 +55,6 @@ def assert_on_time(log: Log, name: str, when: float) -> None:
     assert at <= when + SLACK, f"{name!r} ran {at - when:.4f} s late"
 
 
-async def until(check: Callable[[], bool], timeout: float = 1.0) -> None:
-    """Let the loop run until ``check()`` holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.002)
-
-
 def scheduler() -> Any:
     """The running loop's scheduler (created by the first ``call_at`` on it)."""
     return _timers._schedulers[asyncio.get_running_loop()]()
@@ -80,14 +67,6 @@ async def finished(task: asyncio.Task[Any]) -> asyncio.Task[Any]:
     return task
 
 
-def loop_factories() -> list[Any]:
-    """The event loops the suite runs on, as parameters: asyncio's default, and uvloop."""
-    factories = [pytest.param(asyncio.new_event_loop, id="asyncio")]
-    if _new_uvloop is not None:
-        factories.append(pytest.param(_new_uvloop, id="uvloop"))
-    return factories
-
-
 # --- call_at / Timer ---------------------------------------------------------------------------
 
 
@@ -98,7 +77,7 @@ async def test_timers_fire_in_deadline_order_not_creation_order() -> None:
     deadlines = {"c": now + 0.04, "a": now + 0.01, "b1": now + 0.025, "b2": now + 0.025}
     for name, when in deadlines.items():  # created in the order c, a, b1, b2
         call_at(when, record, log, name)
-    await until(lambda: len(log) == len(deadlines))
+    await eventually(lambda: len(log) == len(deadlines), timeout=1.0, every=0.002)
     assert names(log) == ["a", "b1", "b2", "c"]
     for name, when in deadlines.items():
         assert_on_time(log, name, when)
@@ -111,7 +90,7 @@ async def test_an_earlier_deadline_re_arms_the_loop_timer() -> None:
     await asyncio.sleep(0)  # the loop timer is armed for "late" now
     early_when = time.monotonic() + 0.02
     early = call_at(early_when, record, log, "early")
-    await until(lambda: early.done)
+    await eventually(lambda: early.done, timeout=1.0, every=0.002)
     assert names(log) == ["early"]
     assert_on_time(log, "early", early_when)
     assert not late.done
@@ -130,7 +109,7 @@ async def test_a_cancelled_timer_never_runs_and_cancel_after_running_is_a_no_op(
     cancelled.cancel()  # twice: counted once
     assert [cancelled.done, kept.done] == [True, False]
     assert scheduler()._cancelled == counted + 1
-    await until(lambda: kept.done)
+    await eventually(lambda: kept.done, timeout=1.0, every=0.002)
     await asyncio.sleep(0.02)  # well past both deadlines
     assert names(log) == ["kept"]
     counted = scheduler()._cancelled
@@ -151,7 +130,7 @@ async def test_a_timer_cancelled_by_an_earlier_callback_of_the_same_turn_does_no
 
     first = call_at(when, cancel_second)
     second = call_at(when, record, log, "second")
-    await until(lambda: first.done)
+    await eventually(lambda: first.done, timeout=1.0, every=0.002)
     await asyncio.sleep(0.01)
     assert names(log) == ["first"]
     assert second.done
@@ -181,7 +160,7 @@ async def test_many_cancelled_timers_keep_the_heap_bounded() -> None:
     assert len(sched._heap) <= bound, f"{len(sched._heap)} entries left after cancelling"
     assert any(entry[2] is live for entry in sched._heap)
 
-    await until(lambda: live.done)
+    await eventually(lambda: live.done, timeout=1.0, every=0.002)
     assert names(log) == ["live"]
     assert live_when <= ran_at(log, "live")
     assert sched._cancelled == sum(1 for entry in sched._heap if entry[2].done)
@@ -208,7 +187,7 @@ async def test_a_callback_can_schedule_another_timer(pending: bool, delay: float
         inner.append(call_at(inner_when, record, log, "inner"))
 
     call_at(now + 0.01, outer)
-    await until(lambda: len(log) >= 2)
+    await eventually(lambda: len(log) >= 2, timeout=1.0, every=0.002)
     assert names(log) == ["outer", "inner"]
     assert inner[0].done
     assert_on_time(log, "inner", max(inner_when, ran_at(log, "outer")))
@@ -233,7 +212,7 @@ async def test_a_callback_adding_a_later_timer_does_not_delay_an_earlier_one() -
 
     call_at(now + 0.01, first)
     call_at(now + 0.05, record, log, "second")
-    await until(lambda: len(log) >= 2)
+    await eventually(lambda: len(log) >= 2, timeout=1.0, every=0.002)
     assert names(log) == ["first", "second"]
     assert_on_time(log, "second", now + 0.05)
     far[0].cancel()
@@ -259,7 +238,7 @@ async def test_a_callback_that_compacts_the_heap_does_not_delay_a_new_timer() ->
         call_at(inner_when, record, log, "inner")
 
     call_at(now + 0.01, outer)
-    await until(lambda: len(log) >= 2)
+    await eventually(lambda: len(log) >= 2, timeout=1.0, every=0.002)
     later.cancel()
     assert_on_time(log, "inner", inner_when)
     assert names(log) == ["outer", "inner"]
@@ -280,7 +259,7 @@ async def test_compaction_inside_a_firing_keeps_the_cancelled_count_right() -> N
             timer.cancel()
 
     fired = call_at(now + 0.01, cancel_others)
-    await until(lambda: fired.done)
+    await eventually(lambda: fired.done, timeout=1.0, every=0.002)
     await asyncio.sleep(0)
     sched = scheduler()
     dead = sum(1 for entry in sched._heap if entry[2].done)
@@ -385,6 +364,64 @@ async def test_cutoff_not_reached_cancels_its_timer() -> None:
     assert time.monotonic() > when
     assert not cutoff.expired
     assert task.cancelling() == before
+
+
+@pytest.mark.parametrize("ends", ["before-the-spare", "between", "never"])
+async def test_cutoff_reusing_a_spare_timer_cuts_at_its_own_deadline(ends: str) -> None:
+    """A Cutoff given an earlier spare timer cuts at ``when``, not at the spare's deadline.
+
+    The spare's own callback never runs; a block that ends before the spare
+    is due leaves no timer armed; one still running when the spare is due is
+    cut at ``when`` exactly as without a spare.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    before = task.cancelling()
+    ran: list[str] = []
+    now = time.monotonic()
+    spare = call_at(now + 0.02, ran.append, "the spare's own callback")
+    when = now + 0.06
+    never = asyncio.get_running_loop().create_future()
+    with Cutoff(when, task, spare) as cutoff:
+        if ends == "before-the-spare":
+            await asyncio.sleep(0)
+        elif ends == "between":
+            await asyncio.sleep(0.04)
+        else:
+            await never
+    ended = time.monotonic()
+    assert cutoff.expired is (ends == "never")
+    if ends == "never":
+        assert when <= ended <= when + SLACK
+    else:
+        assert ended < when
+    assert spare.done
+    assert cutoff._timer is not None
+    assert cutoff._timer.done
+    await asyncio.sleep(when - time.monotonic() + 0.02)  # past both deadlines
+    assert ran == []
+    assert task.cancelling() == before
+
+
+async def test_a_done_spare_timer_is_not_reused() -> None:
+    """A spare that already fired (or was cancelled): the Cutoff arms a timer of its own."""
+    task = asyncio.current_task()
+    assert task is not None
+    spare = call_at(time.monotonic() - 1, print)
+    spare.cancel()
+    when = time.monotonic() + 0.02
+    with Cutoff(when, task, spare) as cutoff:
+        await asyncio.get_running_loop().create_future()
+    assert cutoff.expired
+    assert cutoff._timer is not spare
+    assert time.monotonic() >= when
+
+
+async def test_call_at_on_a_given_loop_fires_there() -> None:
+    """``call_at(..., loop=...)`` schedules on that loop without asking for the running one."""
+    fired = asyncio.get_running_loop().create_future()
+    call_at(time.monotonic() + 0.005, fired.set_result, "fired", loop=asyncio.get_running_loop())
+    assert await asyncio.wait_for(fired, 1) == "fired"
 
 
 async def test_task_cancel_propagates_through_a_far_cutoff() -> None:
@@ -544,7 +581,7 @@ async def test_cutoff_inside_anyio_fail_after_raises_timeout_error() -> None:
 # --- no loop kept alive -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("factory", loop_factories())
+@pytest.mark.parametrize("factory", [pytest.param(f, id=n) for n, f in LOOPS.items()])
 @pytest.mark.parametrize(
     "leftover",
     [
@@ -567,7 +604,7 @@ def test_the_registry_does_not_keep_a_closed_loop_alive(
         with Cutoff(time.monotonic() + 0.005) as cut:
             await asyncio.get_running_loop().create_future()
         fired = call_at(time.monotonic() + 0.005, record, [], "fired")
-        await until(lambda: fired.done)
+        await eventually(lambda: fired.done, timeout=1.0, every=0.002)
         if leftover == "cancelled":
             with Cutoff(time.monotonic() + 10):
                 await asyncio.sleep(0)
