@@ -66,6 +66,8 @@ def check_seconds(name: str, value: object, *, allow_none: bool = False) -> floa
 
 def check_timeout(value: object) -> float | None:
     """Check a ``timeout``: ``None`` (or infinity) waits forever, else seconds >= 0."""
+    if value.__class__ is float and 0 <= value < math.inf:  # the common case, at once
+        return value
     timeout = check_seconds("timeout", value, allow_none=True)
     if timeout is None or timeout == math.inf:
         return None

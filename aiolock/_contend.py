@@ -34,6 +34,7 @@ from ._cancel import honour_cancellation
 from ._lease import NOT_HELD, RETRY, Lease, Unanswered
 from ._notify import Subscription
 from ._queue import MARK_SLACK, Grant, LocalQueue, Turn, Undo, Yield
+from ._timers import Timer, spare_at
 
 __all__ = ["Contention", "Won", "obtain"]
 
@@ -57,13 +58,22 @@ class Contention:
 class Won:
     """A won acquisition: the token, when it was sent, its fence, and how it came."""
 
-    __slots__ = ("fence", "handed", "queue", "sent", "token")
+    __slots__ = ("fence", "handed", "queue", "sent", "timer", "token")
 
     def __init__(
-        self, token: str, sent: float, fence: int, queue: LocalQueue, *, handed: bool
+        self,
+        token: str,
+        sent: float,
+        fence: int,
+        queue: LocalQueue,
+        *,
+        handed: bool,
+        timer: Timer | None = None,
     ) -> None:
         #: The local queue whose baton the winner holds.
         self.queue = queue
+        #: A timer due at the holding's first renewal, unspent, or None.
+        self.timer = timer
         self.token = token
         self.sent = sent
         self.fence = fence
@@ -135,6 +145,7 @@ async def _contend(
     subscription: Subscription | None = None
     waiter: str | None = None  # our id in the marker, once we raised it
     won: Won | None = None
+    timer: Timer | None = None
     try:
         delays: Iterator[float] | None = None
         step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
@@ -173,8 +184,11 @@ async def _contend(
                 if waiter is None:
                     waiter = os.urandom(8).hex()
             sent = time.monotonic()
+            # An attempt with a deadline is cut off by a timer: one due at the first
+            # renewal, lent to the cut-off, then kept for the holding if it wins.
+            timer = None if deadline is None else spare_at(sent + lease.span / 3, task.get_loop())
             try:
-                reply = await lease.attempt(token, deadline, waiter, mark_ms, task)
+                reply = await lease.attempt(token, deadline, waiter, mark_ms, task, timer)
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
                 # deadline allows; without one, for one lease.
@@ -194,11 +208,14 @@ async def _contend(
             now = time.monotonic()
             if reply is not None and reply[0]:
                 if now < sent + lease.span:
-                    won = Won(token, sent, reply[1], queue, handed=False)
+                    won = Won(token, sent, reply[1], queue, handed=False, timer=timer)
                     return won
                 # The reply came after the lease it granted had run out: not a lock.
                 await lease.undo(token)
                 reply = None
+            if timer is not None:
+                timer.cancel()
+                timer = None
             if deadline is not None and now >= deadline:
                 return None
             if reply is not None and reply[1] == RETRY:
@@ -225,6 +242,8 @@ async def _contend(
                 await subscription.wait(delay)
             await honour_cancellation(task, baseline)
     finally:
+        if timer is not None and won is None:
+            timer.cancel()
         if subscription is not None:
             subscription.close()
         if waiter is not None and won is None:

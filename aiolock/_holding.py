@@ -339,14 +339,15 @@ class LeaseLock:
         self._by_task[task] = holding
         self._current = holding
         self._last = holding
-        if self._auto_renew:
-            holding.timer = call_at(
-                sent + holding.span / 3, self._start_renewal, holding, loop=task.get_loop()
-            )
+        # Its first renewal, or the end of its lease (checked again when due: an
+        # attempt's spare timer is due at the first renewal point, maybe earlier).
+        callback = self._start_renewal if self._auto_renew else self._lease_over
+        timer = won.timer
+        if timer is not None and timer.reuse(callback, holding):
+            holding.timer = timer
         else:
-            holding.timer = call_at(
-                holding.lease_end, self._lease_over, holding, loop=task.get_loop()
-            )
+            when = sent + holding.span / 3 if self._auto_renew else holding.lease_end
+            holding.timer = call_at(when, callback, holding, loop=task.get_loop())
         holding.owner_done = self._task_done
         task.add_done_callback(self._task_done)
         logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)

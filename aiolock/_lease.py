@@ -50,6 +50,7 @@ __all__ = [
     "Reply",
     "ServerLease",
     "Unanswered",
+    "server_lease",
 ]
 
 logger = logging.getLogger("aiolock")
@@ -137,10 +138,12 @@ class Lease(Protocol):
         waiter: str | None,
         mark_ms: int,
         task: asyncio.Task[Any],
+        spare: Timer | None,
     ) -> Reply | None:
         """One attempt of ``task`` to take the lock with ``token`` for :attr:`ttl`.
 
-        Returns None if it was cut off at the deadline.
+        Returns None if it was cut off at the deadline. ``spare`` is a timer
+        the caller lends to the cut-off (see :class:`~aiolock._timers.Cutoff`).
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
@@ -192,27 +195,75 @@ class Lease(Protocol):
         ...
 
 
+#: How many leases a client remembers for the next lock made with the same options.
+_REMEMBERED: Final = 1024
+
+
 @final
 class _Site:
     """What the leases of one client share, looked up once per lock."""
 
-    __slots__ = ("listeners", "queues", "wire")
+    __slots__ = ("__weakref__", "leases", "listeners", "queues", "wire")
 
     def __init__(self, client: Client) -> None:
         self.wire = Wire(client)
         self.queues = queues_of(client)
         self.listeners = _notify.listeners_of(client)
+        #: Leases by their options: a lease holds no state of its own, so the locks a
+        #: handler makes per request with the same options share one.
+        self.leases: dict[tuple[Any, ...], ServerLease] = {}
 
 
 _sites: weakref.WeakKeyDictionary[Any, _Site] = weakref.WeakKeyDictionary()
+#: The client and the site of the latest lookup, both weakly (most programs have one client).
+_latest: tuple[weakref.ReferenceType[Any], weakref.ReferenceType[_Site]] | None = None
 
 
 def _site(client: Client) -> _Site:
+    global _latest  # a one-entry cache in front of the registry
+    latest = _latest
+    if latest is not None and latest[0]() is client:
+        site = latest[1]()
+        if site is not None:
+            return site
     try:
-        return _sites[client]
+        site = _sites[client]
     except KeyError:
         site = _sites[client] = _Site(client)
-        return site
+    _latest = (weakref.ref(client), weakref.ref(site))
+    return site
+
+
+def server_lease(
+    client: Client,
+    name: str,
+    keys: Keys,
+    ttl: float,
+    notify: bool,
+    fencing: bool,
+    replicas: int,
+    replica_timeout: float,
+    replica_fsync: bool,
+) -> ServerLease:
+    """The lease of ``client`` with these options (all checked already), made once."""
+    site = _site(client)
+    options = (keys, ttl, notify, fencing, replicas, replica_timeout, replica_fsync)
+    lease = site.leases.get(options)
+    if lease is None:
+        if len(site.leases) >= _REMEMBERED:
+            site.leases.clear()
+        lease = site.leases[options] = ServerLease(
+            client,
+            name,
+            keys,
+            ttl,
+            notify=notify,
+            fencing=fencing,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            replica_fsync=replica_fsync,
+        )
+    return lease
 
 
 @final
@@ -316,6 +367,7 @@ class ServerLease:
         waiter: str | None,
         mark_ms: int,
         task: asyncio.Task[Any],
+        spare: Timer | None,
     ) -> Reply | None:
         """Send one acquire attempt of ``task``; None if it was cut off at the deadline.
 
@@ -333,27 +385,36 @@ class ServerLease:
         wire = self.wire
         if wire.cluster:
             await wire.ready()
+        # The bare SET is awaited here directly (the common case: one frame less).
+        bare = waiter is None and self.bare_first
+        sending = (
+            wire.set_nx(self.key, token, self._ms)
+            if bare
+            else self._scripted(token, waiter, mark_ms)
+        )
         try:
             if deadline is None:
-                return await self._send(token, waiter, mark_ms)
-            with Cutoff(deadline + GRACE, task) as cutoff:
-                reply = await self._send(token, waiter, mark_ms)
-            if not cutoff.expired:
-                return reply
+                reply = await sending
+            else:
+                with Cutoff(deadline + GRACE, task, spare, lend=True) as cutoff:
+                    reply = await sending
+                if cutoff.expired:
+                    reply = None
         except BaseException:
             await self.undo(token)
             raise
-        await self.undo(token)
-        return None
+        if reply is None:
+            await self.undo(token)
+            return None
+        if bare:
+            return (1, 0) if reply else (0, RETRY)
+        return reply  # type: ignore[return-value] # a Reply, from _scripted
 
-    async def _send(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
+    async def _scripted(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
+        """The acquire script: with fencing, with the waiting marker, or with replicas."""
         ms = self._ms
         if self._replicas:
             return await self._replicated(token, ms, waiter, mark_ms)
-        if waiter is None and not self.fencing:
-            if await self.wire.set_nx(self.key, token, ms):
-                return (1, 0)
-            return (0, RETRY)
         reply = await self.wire.run(ACQUIRE, self._acquire_keys, (token, ms, waiter or "", mark_ms))
         return (int(reply[0]), int(reply[1]))
 
@@ -436,7 +497,9 @@ class ServerLease:
         """
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
-                deleted = await self.delete(token)
+                deleted = bool(
+                    await self.wire.run(RELEASE, (self.key,), (token, *self._release_args))
+                )
         except asyncio.CancelledError:
             await self.undo(token)
             raise

@@ -11,7 +11,7 @@ from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
 from ._holding import LeaseLock, LockStatistics
 from ._keys import DEFAULT_PREFIX, keys_for
-from ._lease import ServerLease
+from ._lease import server_lease
 from ._types import Client
 
 __all__ = ["AsyncLock", "LockStatistics"]
@@ -141,16 +141,16 @@ class AsyncLock(LeaseLock):
                 )
             if replica_timeout is not None:
                 replica_timeout = check_ttl(replica_timeout, "replica_timeout")
-        lease = ServerLease(
+        lease = server_lease(
             client,
             name,
             keys,
             ttl,
-            notify=notify,
-            fencing=fencing,
-            replicas=replicas,
-            replica_timeout=min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
-            replica_fsync=check_bool("replica_fsync", replica_fsync),
+            notify,
+            fencing,
+            replicas,
+            min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
+            check_bool("replica_fsync", replica_fsync),
         )
         super().__init__(
             lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant

@@ -222,6 +222,7 @@ class QuorumLease:
         waiter: str | None,
         mark_ms: int,
         task: asyncio.Task[Any],
+        spare: Timer | None,
     ) -> Reply:
         """One attempt on every node: ``(1, 0)`` if it won, else ``(0, -1 or NOT_HELD)``.
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, final
 
-__all__ = ["Cutoff", "Timer", "call_at"]
+__all__ = ["Cutoff", "Timer", "call_at", "spare_at"]
 
 #: Compact a heap only once it holds at least this many cancelled deadlines.
 _COMPACT_MIN: Final = 64
@@ -198,6 +198,14 @@ def call_at(
     return scheduler.add(when, callback, args)
 
 
+def spare_at(when: float, loop: asyncio.AbstractEventLoop) -> Timer:
+    """A timer at ``when`` with nothing to do yet: lent to a :class:`Cutoff`, then reused.
+
+    Its owner gives it a callback with :meth:`Timer.reuse` or cancels it.
+    """
+    return call_at(when, _nothing, loop=loop)
+
+
 @final
 class Cutoff:
     """Cancel the current task at monotonic time ``when`` unless the block ended first.
@@ -209,21 +217,29 @@ class Cutoff:
     ``asyncio.timeout_at``, without its loop timer.
     """
 
-    __slots__ = ("_cancelling", "_task", "_timer", "_when", "expired")
+    __slots__ = ("_cancelling", "_lent", "_task", "_timer", "_when", "expired")
 
     def __init__(
-        self, when: float, task: asyncio.Task[Any] | None = None, spare: Timer | None = None
+        self,
+        when: float,
+        task: asyncio.Task[Any] | None = None,
+        spare: Timer | None = None,
+        *,
+        lend: bool = False,
     ) -> None:
         """Cut off the block at ``when``.
 
-        ``task`` is the running task, if at hand. ``spare`` is a timer due no
-        later than ``when`` that is no longer needed (a holding's renewal
-        timer, at its release): it is reused, so that a block that ends
-        before it is due costs no timer of its own.
+        ``task`` is the running task, if at hand. ``spare`` is a timer that
+        the block may use if it is due no later than ``when``, so that a block
+        that ends before it is due costs no timer of its own: one no longer
+        needed (a holding's renewal timer, at its release), cancelled at the
+        end of the block; or, with ``lend``, one its owner wants back
+        (:func:`spare_at`), handed back unspent if it was not due.
         """
         self._when = when
         self._task = task
         self._timer = spare
+        self._lent = spare if lend else None
         self._cancelling = 0
         #: The deadline passed inside the block, and the block was cut off there.
         self.expired = False
@@ -236,7 +252,7 @@ class Cutoff:
                 raise RuntimeError("Cutoff must be used inside a task")
         self._cancelling = task.cancelling()
         spare = self._timer
-        if spare is None or not spare.reuse(self._due):
+        if spare is None or spare.when > self._when or not spare.reuse(self._due):
             self._timer = call_at(self._when, self._expire, loop=task.get_loop())
         return self
 
@@ -259,9 +275,13 @@ class Cutoff:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._timer is not None  # noqa: S101 - armed in __enter__
+        timer = self._timer
+        assert timer is not None  # noqa: S101 - armed in __enter__
         assert self._task is not None  # noqa: S101
-        self._timer.cancel()
+        if timer is self._lent and not timer.done:
+            timer.reuse(_nothing)  # not due: its owner has it back
+        else:
+            timer.cancel()
         if not self.expired:
             return False
         # Take back the cancellation we asked for; swallow it only if it is the one
