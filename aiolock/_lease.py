@@ -32,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _notify
 from ._cancel import run_shielded
 from ._checks import check_ttl, to_ms
+from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
 from ._scripts import ACQUIRE, EXTEND, HANDOVER, RELEASE, UNMARK
 from ._timers import Cutoff, Timer
@@ -237,19 +238,32 @@ def _site(client: Client) -> _Site:
 def server_lease(
     client: Client,
     name: str,
-    keys: Keys,
+    prefix: str,
     ttl: float,
     notify: bool,
     fencing: bool,
     replicas: int,
-    replica_timeout: float,
+    replica_timeout: float | None,
     replica_fsync: bool,
 ) -> ServerLease:
-    """The lease of ``client`` with these options (all checked already), made once."""
+    """The lease of ``client`` with these options, made once.
+
+    Every option but ``name`` and ``prefix`` is checked already; those two
+    are checked by :func:`~aiolock._keys.keys_for` when the lease is made
+    (a name found here is one that passed). ``replica_timeout`` defaults to
+    ``min(ttl / 10, 1)``.
+
+    Raises:
+        TypeError: ``name`` or ``prefix`` is not a str.
+        ValueError: ``name`` is empty, or the key's hash tag would be empty.
+    """
     site = _site(client)
-    options = (keys, ttl, notify, fencing, replicas, replica_timeout, replica_fsync)
+    if name.__class__ is not str or prefix.__class__ is not str:
+        keys_for(name, prefix)  # raises; a str subclass passes, and is looked up below
+    options = (name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync)
     lease = site.leases.get(options)
     if lease is None:
+        keys = keys_for(name, prefix)
         if len(site.leases) >= _REMEMBERED:
             site.leases.clear()
         lease = site.leases[options] = ServerLease(
@@ -260,7 +274,7 @@ def server_lease(
             notify=notify,
             fencing=fencing,
             replicas=replicas,
-            replica_timeout=replica_timeout,
+            replica_timeout=min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
             replica_fsync=replica_fsync,
         )
     return lease

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import final
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import Redis, RedisCluster
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
 from ._holding import LeaseLock, LockStatistics
-from ._keys import DEFAULT_PREFIX, keys_for
+from ._keys import DEFAULT_PREFIX
 from ._lease import server_lease
 from ._types import Client
 
@@ -123,12 +123,17 @@ class AsyncLock(LeaseLock):
         replica_timeout: float | None = None,
         replica_fsync: bool = False,
     ) -> None:
-        client = check_client(client)
-        keys = keys_for(name, prefix)
+        if client.__class__ is not Redis:
+            client = check_client(client)
         ttl = check_ttl(ttl)
-        if not (notify.__class__ is bool and fencing.__class__ is bool):
+        if not (
+            notify.__class__ is bool
+            and fencing.__class__ is bool
+            and replica_fsync.__class__ is bool
+        ):
             check_bool("notify", notify)  # type: ignore[unreachable] # for unannotated callers
             check_bool("fencing", fencing)
+            check_bool("replica_fsync", replica_fsync)
         if replicas.__class__ is not int or replicas or replica_timeout is not None:
             if isinstance(replicas, bool) or not isinstance(replicas, int):
                 raise TypeError(f"replicas must be an int, got {replicas!r}")
@@ -142,15 +147,7 @@ class AsyncLock(LeaseLock):
             if replica_timeout is not None:
                 replica_timeout = check_ttl(replica_timeout, "replica_timeout")
         lease = server_lease(
-            client,
-            name,
-            keys,
-            ttl,
-            notify,
-            fencing,
-            replicas,
-            min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
-            check_bool("replica_fsync", replica_fsync),
+            client, name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync
         )
         super().__init__(
             lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant
