@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any, final
 
 import anyio
@@ -33,7 +33,7 @@ from . import backoff as _backoff
 from ._cancel import honour_cancellation
 from ._lease import NOT_HELD, RETRY, Lease, Unanswered
 from ._notify import Subscription
-from ._queue import MARK_SLACK, Grant, LocalQueue, Turn, Undo, Yield
+from ._queue import MARK_SLACK, Grant, LocalQueue, Undo, Yield
 from ._timers import Timer, spare_at
 
 __all__ = ["Contention", "Won", "obtain"]
@@ -81,26 +81,41 @@ class Won:
         self.handed = handed
 
 
-async def obtain(
+def obtain(
     lease: Lease,
     task: asyncio.Task[Any],
     policy: _backoff.Backoff,
     deadline: float | None,
     blocking: bool,
     contention: Contention,
-) -> Won | None:
+) -> Awaitable[Won | None]:
     """Get the lock for ``task``: through the local queue, then on the server.
 
-    Returns None when ``deadline`` passed first (the baton passed on). On
-    success ``task`` holds the local queue's baton.
+    The awaitable returns None when ``deadline`` passed first (the baton
+    passed on). On success ``task`` holds the local queue's baton. When
+    nobody of this process wants the key, the task takes the baton at once
+    and goes straight to the server (the awaitable is the wait loop itself).
     """
     baseline = task.cancelling()
     queue = lease.queue()
     if queue.take(task):
-        ticket: Grant | Turn | Undo | Yield | None = Turn.CONTEND
-    else:
-        contention.seen = True  # another task of this process had it, or was first in line
-        ticket = await queue.enter(task, lease, deadline, blocking)
+        return _contend(lease, queue, task, policy, deadline, baseline, 0.0, contention)
+    contention.seen = True  # another task of this process had it, or was first in line
+    return _queue_then_contend(lease, queue, task, policy, deadline, blocking, contention)
+
+
+async def _queue_then_contend(
+    lease: Lease,
+    queue: LocalQueue,
+    task: asyncio.Task[Any],
+    policy: _backoff.Backoff,
+    deadline: float | None,
+    blocking: bool,
+    contention: Contention,
+) -> Won | None:
+    """Wait in the local queue for the baton, then take what came with it."""
+    baseline = task.cancelling()
+    ticket = await queue.enter(task, lease, deadline, blocking)
     if ticket is None:
         return None
     try:
@@ -116,15 +131,11 @@ async def obtain(
             if deadline is not None and time.monotonic() >= deadline:
                 queue.leave()
                 return None
-            ticket = Turn.CONTEND
-        pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
-        won = await _contend(lease, queue, task, policy, deadline, baseline, pause, contention)
     except BaseException:
         queue.leave()
         raise
-    if won is None:
-        queue.leave()
-    return won
+    pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
+    return await _contend(lease, queue, task, policy, deadline, baseline, pause, contention)
 
 
 async def _contend(
@@ -140,7 +151,8 @@ async def _contend(
     """Try on the server until acquired or past the deadline (we hold the baton).
 
     With ``wait_first`` (seconds) it starts with a wait: the local releaser
-    just let waiters elsewhere go first.
+    just let waiters elsewhere go first. Unless it wins, it passes the baton
+    on when it ends (returning None, or raising).
     """
     subscription: Subscription | None = None
     waiter: str | None = None  # our id in the marker, once we raised it
@@ -167,7 +179,7 @@ async def _contend(
             # point (a release, a subscription confirmed) means "try again at once".
             if subscription is not None:
                 subscription.mark()
-            else:
+            elif not plain:  # a bare attempt that fails is followed at once by another
                 seen = lease.generation()
             token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
             mark_ms = 0
@@ -246,5 +258,9 @@ async def _contend(
             timer.cancel()
         if subscription is not None:
             subscription.close()
-        if waiter is not None and won is None:
-            await lease.unmark(waiter)
+        if won is None:
+            try:
+                if waiter is not None:
+                    await lease.unmark(waiter)
+            finally:
+                queue.leave()

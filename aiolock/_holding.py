@@ -350,7 +350,8 @@ class LeaseLock:
             holding.timer = call_at(when, callback, holding, loop=task.get_loop())
         holding.owner_done = self._task_done
         task.add_done_callback(self._task_done)
-        logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)
+        if logger.isEnabledFor(logging.DEBUG):  # one call, not two, when it is not
+            logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)
         return holding
 
     # -- watching a holding ------------------------------------------------------------
@@ -508,7 +509,7 @@ class LeaseLock:
             if not deleted:
                 self._report_loss(holding, f"{lease.gone} at release")
         finally:
-            if spare is not None:
+            if spare is not None and not spare.done:
                 spare.cancel()
             if holding.has_baton:
                 holding.has_baton = False
@@ -523,7 +524,8 @@ class LeaseLock:
                 f"lock {self._name!r} was no longer held by this holder at release: "
                 f"{lease.gone}; other holders' keys were left alone"
             )
-        logger.debug("released lock %r", self._name)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("released lock %r", self._name)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
 
