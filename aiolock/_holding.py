@@ -149,7 +149,10 @@ class LeaseLock:
         self._by_task: dict[asyncio.Task[Any], Holding] = {}
         self._current: Holding | None = None
         self._last: Holding | None = None
-        self._scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]] = {}
+        # The cancel scopes of ``async with`` bodies, per task (cancel_on_lost only).
+        self._scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]] | None = (
+            {} if cancel_on_lost else None
+        )
 
     # -- read-only facts ---------------------------------------------------------------
 
@@ -399,10 +402,11 @@ class LeaseLock:
             return
         self._stop_watching(holding)
         self._pass_baton(holding)
-        for scope in self._scopes.get(holding.task, ()):
-            if scope is not None:
-                scope.cancel()
-                break
+        if self._scopes is not None:
+            for scope in self._scopes.get(holding.task, ()):
+                if scope is not None:
+                    scope.cancel()
+                    break
         self._report_loss(holding, reason)
 
     def _report_loss(self, holding: Holding, reason: str) -> None:
@@ -702,7 +706,7 @@ class LeaseLock:
                 if self._blocking
                 else f"lock {self._name!r} is held by someone else (blocking=False)"
             )
-        if self._cancel_on_lost:
+        if self._scopes is not None:
             task = current_task()
             holding = self._by_task[task]
             scope: anyio.CancelScope | None = None
@@ -720,7 +724,7 @@ class LeaseLock:
     ) -> None:
         task = current_task(self._last)
         cancelled_by_loss = False
-        if self._cancel_on_lost:
+        if self._scopes is not None:
             stack = self._scopes.get(task)
             scope = stack.pop() if stack else None
             if stack is not None and not stack:
