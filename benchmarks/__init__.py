@@ -2,4 +2,12 @@
 
 Run them all with ``python -m benchmarks`` (or ``make bench``), or one with
 ``python -m benchmarks.<name>``; ``--quick`` gives a few-second smoke run.
+
+Comparing two versions of aiolock: ``python -m benchmarks.compare --base REV
+[--bench contention,handoff,redlock] [--rounds N] [--quick]`` runs the chosen
+benchmarks alternately against aiolock at git revision ``REV`` (default
+``HEAD``, exported to a temporary directory) and the working tree's aiolock,
+``N`` runs each, and prints each headline figure's base median, new median and
+new/base (``--bench contention --workload W1`` for the uncontended cycle
+alone). See :mod:`benchmarks.compare`.
 """

@@ -34,3 +34,40 @@ def test_benchmark_runs_quick_and_checks_itself(name: str, tmp_path: Path) -> No
     data = json.loads((tmp_path / f"{name}.json").read_text())
     assert data, f"{name}.json is empty"
     assert (tmp_path / f"{name}.png").stat().st_size > 1000
+
+
+def _in_git_checkout() -> bool:
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "HEAD^{commit}"],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not _in_git_checkout(), reason="needs a git checkout with a HEAD commit")
+def test_compare_runs_w1_against_head(tmp_path: Path) -> None:
+    """`python -m benchmarks.compare` runs W1 against HEAD's and the working tree's aiolock."""
+    out = tmp_path / "compare.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.compare", "--quick", "--bench", "contention"),
+            *("--workload", "W1", "--rounds", "1", "--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, f"compare failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    data = json.loads(out.read_text())
+    runs = {run["side"]: run for run in data["runs"]}
+    assert set(runs) == {"base", "new"}
+    assert runs["new"]["imported"] == str(ROOT / "aiolock" / "__init__.py")
+    assert runs["base"]["imported"] != runs["new"]["imported"]
+    assert not Path(runs["base"]["imported"]).exists(), "the exported copy was not removed"
+    figures = {figure["figure"]: figure for figure in data["figures"]}
+    for name in ("W1 reused: aiolock / floor", "W1 fresh: aiolock fresh / floor"):
+        assert len(figures[name]["base"]) == len(figures[name]["new"]) == 1
