@@ -31,6 +31,7 @@ import anyio
 
 from . import backoff as _backoff
 from ._cancel import honour_cancellation
+from ._checks import to_ms
 from ._lease import NOT_HELD, RETRY, Lease, Unanswered
 from ._notify import Subscription
 from ._queue import MARK_SLACK, Grant, LocalQueue, Undo, Yield
@@ -192,7 +193,7 @@ async def _contend(
                 step = _backoff._check_delay(next(delays, step))
                 drawn = True
                 bound = step if deadline is None else min(step, deadline - time.monotonic())
-                mark_ms = int((bound + MARK_SLACK) * 1000) + 1
+                mark_ms = to_ms(bound + MARK_SLACK)
                 if waiter is None:
                     waiter = os.urandom(8).hex()
             sent = time.monotonic()

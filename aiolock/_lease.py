@@ -439,7 +439,7 @@ class ServerLease:
         so that it waits for this very write. An acquisition without the
         acknowledgement in time is undone and answers ``(0, NOT_HELD)``.
         """
-        wait_ms = max(1, int(self._replica_timeout * 1000))
+        wait_ms = max(1, to_ms(self._replica_timeout))
         then: tuple[Any, ...] = (
             ("WAITAOF", 0, self._replicas, wait_ms)
             if self._replica_fsync
