@@ -32,27 +32,12 @@ import anyio
 from . import backoff as _backoff
 from ._cancel import honour_cancellation
 from ._checks import to_ms
-from ._lease import NOT_HELD, RETRY, Lease, Unanswered
+from ._lease import RETRY, Contention, Lease, Unanswered
 from ._notify import Subscription
 from ._queue import MARK_SLACK, Grant, LocalQueue, Undo, Yield
 from ._timers import Timer, spare_at
 
-__all__ = ["Contention", "Won", "obtain"]
-
-
-@final
-class Contention:
-    """What one ``acquire()`` call saw: whether someone else had the lock first.
-
-    Set when the caller queued behind another task of its process, or when an
-    attempt found another holder's key (not when an attempt merely failed:
-    an error, a late reply, replicas that did not acknowledge).
-    """
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen = False
+__all__ = ["Won", "obtain"]
 
 
 @final
@@ -201,7 +186,9 @@ async def _contend(
             # renewal, lent to the cut-off, then kept for the holding if it wins.
             timer = None if deadline is None else spare_at(sent + lease.span / 3, task.get_loop())
             try:
-                reply = await lease.attempt(token, deadline, waiter, mark_ms, task, timer)
+                reply = await lease.attempt(
+                    token, deadline, waiter, mark_ms, task, timer, contention
+                )
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
                 # deadline allows; without one, for one lease.
@@ -212,8 +199,6 @@ async def _contend(
                 reply = None
             else:
                 late_since = None
-            if reply is not None and not reply[0] and reply[1] != NOT_HELD:
-                contention.seen = True
             if task.cancelling() > baseline:
                 if reply is not None and reply[0]:
                     await lease.undo(token)

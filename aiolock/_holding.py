@@ -21,6 +21,7 @@ import asyncio
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import backoff as _backoff
 from ._cancel import finish, honour_cancellation
 from ._checks import UNSET, Unset, check_bool, check_callback, check_timeout
-from ._contend import Contention, Won, obtain
+from ._contend import Won, obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
-from ._lease import GRACE, Lease
+from ._lease import GRACE, Contention, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo, Yield, yield_wait
 from ._renewal import Holding, keep_alive
@@ -53,13 +54,12 @@ _DEFAULT_BACKOFF: Final = _backoff.exponential()
 def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
     """The running task (aiolock is used from inside tasks only).
 
-    With a holding at hand (``hint``), the task is looked up in its loop:
-    asking for the running loop checks the process id, a system call on
-    glibc >= 2.25, which the uncontended cycle would pay at every step. A
-    lock object serves the tasks of one event loop at a time; if ``hint``
-    belongs to a loop that is not running, the running loop is asked.
+    With a holding at hand (``hint``) made in this thread, the task is
+    looked up in the holding's loop, which is cheaper than asking for the
+    running loop. If that loop is not running (a second ``asyncio.run``),
+    or the holding belongs to another thread, the running loop is asked.
     """
-    if hint is not None:
+    if hint is not None and hint.thread == threading.get_ident():
         task = asyncio.current_task(hint.task.get_loop())
         if task is not None:
             return task

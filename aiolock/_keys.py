@@ -41,7 +41,12 @@ class Keys:
 
     __slots__ = ("channel", "fence", "lock", "marker")
 
-    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True) -> None:
+        """Name the keys of lock ``name``; ``tagged=False`` skips the hash-tag rule.
+
+        The rule matters on a cluster only: Redlock's nodes are independent
+        servers, and accept any name.
+        """
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         if not name:
@@ -49,7 +54,7 @@ class Keys:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {prefix!r}")
         lock = f"{prefix}{{{name}}}"
-        if lock[lock.index("{") + 1] == "}":
+        if tagged and lock[lock.index("{") + 1] == "}":
             raise ValueError(
                 f"name {name!r} with prefix {prefix!r} gives the key {lock!r} an empty "
                 "hash tag '{}', so its companion keys would not share its cluster slot "

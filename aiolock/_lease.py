@@ -47,6 +47,7 @@ __all__ = [
     "GRACE",
     "NOT_HELD",
     "RETRY",
+    "Contention",
     "Lease",
     "Reply",
     "ServerLease",
@@ -68,6 +69,21 @@ NOT_HELD: Final = -4
 
 #: What an attempt answers: ``(1, fence)`` or ``(0, code)`` (see the module docs).
 Reply = tuple[int, int]
+
+
+@final
+class Contention:
+    """What one ``acquire()`` call saw: whether someone else had the lock first.
+
+    Set when the caller queued behind another task of its process, or when an
+    attempt found another holder's key (not when an attempt merely failed:
+    an error, a late reply, replicas that did not acknowledge).
+    """
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
 
 
 class Unanswered(Exception):
@@ -140,11 +156,13 @@ class Lease(Protocol):
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
+        contention: Contention,
     ) -> Reply | None:
         """One attempt of ``task`` to take the lock with ``token`` for :attr:`ttl`.
 
         Returns None if it was cut off at the deadline. ``spare`` is a timer
-        the caller lends to the cut-off (see :class:`~aiolock._timers.Cutoff`).
+        the caller lends to the cut-off (see :class:`~aiolock._timers.Cutoff`);
+        ``contention`` is told when the attempt found another holder's key.
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
@@ -295,6 +313,7 @@ class ServerLease:
         "_replica_fsync",
         "_replica_timeout",
         "_replicas",
+        "_site",
         "bare_first",
         "fencing",
         "gone",
@@ -340,6 +359,7 @@ class ServerLease:
             (keys.lock, keys.marker, keys.fence) if fencing else (keys.lock, keys.marker)
         )
         self._release_args = (keys.channel, "1" if self.wire.cluster else "0")
+        self._site = site
         self._queues = site.queues
         self._listeners = site.listeners if notify else None
 
@@ -382,6 +402,7 @@ class ServerLease:
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
+        contention: Contention,
     ) -> Reply | None:
         """Send one acquire attempt of ``task``; None if it was cut off at the deadline.
 
@@ -420,9 +441,16 @@ class ServerLease:
         if reply is None:
             await self.undo(token)
             return None
-        if bare:
-            return (1, 0) if reply else (0, RETRY)
-        return reply  # type: ignore[return-value] # a Reply, from _scripted
+        answer: Reply
+        if reply is True:
+            answer = (1, 0)
+        elif reply is False:
+            answer = (0, RETRY)  # the bare SET does not say for how long it is held
+        else:
+            answer = reply
+        if not answer[0] and answer[1] != NOT_HELD:
+            contention.seen = True
+        return answer
 
     async def _scripted(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
         """The acquire script: with fencing, with the waiting marker, or with replicas."""
@@ -538,7 +566,9 @@ class ServerLease:
         """
         if not isinstance(heir, ServerLease) or self._replicas or heir._replicas:
             return None
-        own = 0 if self.generation() is None else 1
+        # The client's own listener counts whether or not this lock waits by notification:
+        # another lock object on the same client and key may be subscribed.
+        own = 0 if _notify.generation_in(self._site.listeners, self._release_args[0]) is None else 1
         args = (
             token,
             heir_token,

@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._checks import check_seconds
-from ._lease import NOT_HELD, Reply, ServerLease, Unanswered
+from ._lease import NOT_HELD, Contention, Reply, ServerLease, Unanswered
 from ._queue import LocalQueue
 from ._timers import Timer
 from ._types import Client
@@ -223,6 +223,7 @@ class QuorumLease:
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
+        contention: Contention,
     ) -> Reply:
         """One attempt on every node: ``(1, 0)`` if it won, else ``(0, -1 or NOT_HELD)``.
 
@@ -244,6 +245,9 @@ class QuorumLease:
             raise
         elapsed = time.monotonic() - sent
         granted = sum(1 for o in outcomes if o is True)
+        held_elsewhere = any(o is False for o in outcomes)
+        if held_elsewhere:
+            contention.seen = True  # a node had another holder's key, even if we won
         validity = ttl - elapsed - drift(ttl)
         if granted >= self.quorum and validity > 0:
             return (1, 0)
@@ -263,7 +267,7 @@ class QuorumLease:
                 ttl,
             )
         # A node had another holder's key: held, for how long is not known.
-        return (0, -1) if any(o is False for o in outcomes) else (0, NOT_HELD)
+        return (0, -1) if held_elsewhere else (0, NOT_HELD)
 
     # -- holding -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from redis.asyncio import Redis, RedisCluster
 from . import backoff as _backoff
 from ._checks import check_seconds
 from ._holding import LeaseLock
-from ._keys import DEFAULT_PREFIX, keys_for
+from ._keys import DEFAULT_PREFIX, Keys
 from ._lease import ServerLease
 from ._quorum import QuorumLease, address, check_lease
 
@@ -194,7 +194,7 @@ class Redlock(LeaseLock):
         cancel_on_lost: bool = False,
     ) -> None:
         self._clients = _check_clients(clients)
-        keys = keys_for(name, prefix)
+        keys = Keys(name, prefix, tagged=False)  # independent servers: no slots to share
         ttl = check_lease(ttl, None)
         if node_timeout is None:
             self._node_timeout = min(_NODE_TIMEOUT, ttl / 10)

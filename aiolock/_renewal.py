@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, final
@@ -65,6 +66,7 @@ class Holding:
         "renewed_at",
         "span",
         "task",
+        "thread",
         "timer",
         "token",
         "ttl",
@@ -82,6 +84,7 @@ class Holding:
     ) -> None:
         self.token = token
         self.queue = queue  # the local queue whose baton it holds
+        self.thread = threading.get_ident()  # the thread whose event loop it belongs to
         self.task = task
         self.ttl = ttl  # asked of the server
         self.span = span  # counted by the holder
@@ -141,7 +144,10 @@ async def keep_alive(
             await honour_cancellation(task, 0)
             continue
         sent = now
+        # Both read now: an extend() that ends while this renewal is in flight changes
+        # them, and the renewal's late reply must not mix its lease with the extend's.
         ttl = holding.ttl
+        span = holding.span
         try:
             with anyio.move_on_after(holding.lease_end - sent):
                 ok = await lease.extend(holding.token, ttl)
@@ -149,7 +155,7 @@ async def keep_alive(
                 if not ok:
                     declare_lost(holding, "the key was gone or held by another holder at renewal")
                     return
-                holding.renewed(sent, ttl, holding.span)
+                holding.renewed(sent, ttl, span)
                 renewed(holding, None)
                 continue
         except Exception as exc:

@@ -1,7 +1,9 @@
 """What aiolock sends to one server, and the one place redis-py's errors are translated.
 
-Every command a lease sends goes through a :class:`Wire`: one per lock (a
-few attribute lookups), over the lock's own client. Commands are sent with
+Every command a lease sends goes through a :class:`Wire`: one per client,
+over that client. ``execute_command`` is looked up at each call, so that
+an instrumentation that wraps it later (OpenTelemetry's) sees aiolock's
+commands too. Commands are sent with
 ``execute_command``, not redis-py's typed helpers: the same bytes on the
 wire without their argument checks, which cost as much as the rest of an
 uncontended acquire. Scripts are called by SHA and loaded on ``NOSCRIPT``.
@@ -40,12 +42,11 @@ def translated(exc: RuntimeError) -> BaseException:
 class Wire:
     """The commands of one client (a plain one or a cluster), errors translated."""
 
-    __slots__ = ("_execute", "client", "cluster")
+    __slots__ = ("client", "cluster")
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
-        self._execute = client.execute_command
 
     async def ready(self) -> None:
         """Load a cluster's slot map before the first command (at once once loaded).
@@ -62,7 +63,7 @@ class Wire:
     async def set_nx(self, key: str, token: str, ms: int) -> bool:
         """``SET key token NX PX ms``: whether it was set."""
         try:
-            return bool(await self._execute("SET", key, token, "NX", "PX", ms))
+            return bool(await self.client.execute_command("SET", key, token, "NX", "PX", ms))
         except RuntimeError as exc:
             raise translated(exc) from None
 
@@ -70,10 +71,14 @@ class Wire:
         """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply."""
         try:
             try:
-                return await self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await self.client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args
+                )
             except NoScriptError:
-                await self._execute("SCRIPT LOAD", script.text)
-                return await self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                await self.client.execute_command("SCRIPT LOAD", script.text)
+                return await self.client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args
+                )
         except RuntimeError as exc:
             raise translated(exc) from None
 
@@ -93,7 +98,7 @@ class Wire:
                 try:
                     first, second = await pipe.execute()
                 except NoScriptError:  # a restarted or flushed server: load it, then again
-                    await self._execute("SCRIPT LOAD", script.text)
+                    await self.client.execute_command("SCRIPT LOAD", script.text)
                     continue
                 return first, second
         except RuntimeError as exc:
@@ -103,13 +108,13 @@ class Wire:
     async def get(self, key: str) -> Any:
         """``GET key``."""
         try:
-            return await self._execute("GET", key)
+            return await self.client.execute_command("GET", key)
         except RuntimeError as exc:
             raise translated(exc) from None
 
     async def exists(self, key: str) -> bool:
         """``EXISTS key``: whether the key is there."""
         try:
-            return bool(await self._execute("EXISTS", key))
+            return bool(await self.client.execute_command("EXISTS", key))
         except RuntimeError as exc:
             raise translated(exc) from None

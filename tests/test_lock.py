@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
@@ -661,3 +662,38 @@ async def test_leases_on_the_wire_are_never_shorter_than_the_holder_counts(
     finally:
         await c.aclose()
         await admin.delete(Keys(name).fence)
+
+
+def test_a_lock_used_from_another_thread_s_loop_does_not_mistake_the_holder(
+    server: RedisServer, name: str
+) -> None:
+    """Regression (review of issue 12): looking up the running task through the loop of the
+    lock's last holding must not find another thread's task.
+
+    A task of a loop in thread A holds a reentrant lock and blocks its loop for
+    a moment; a task of another loop, in this thread, tries the same lock
+    object: it is not the holder, so it must not count a re-entry.
+    """
+    box: dict[str, AsyncLock] = {}
+    held = threading.Event()
+
+    async def hold_and_block() -> None:
+        async with redis.Redis.from_url(server.url) as c:
+            lock = AsyncLock(c, name, ttl=5.0, reentrant=True)
+            box["lock"] = lock
+            assert await lock.acquire()
+            held.set()
+            time.sleep(0.5)  # the holder's loop is busy in one step, on purpose
+            await lock.release()
+
+    thread = threading.Thread(target=lambda: asyncio.run(hold_and_block()))
+    thread.start()
+    try:
+        assert held.wait(5)
+
+        async def try_it() -> bool:
+            return await box["lock"].acquire(timeout=0.1)
+
+        assert asyncio.run(try_it()) is False
+    finally:
+        thread.join(5)

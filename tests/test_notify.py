@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from support import eventually, keys_of, listeners_gone
+from support import calls, eventually, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER
@@ -514,6 +514,44 @@ async def test_a_local_run_yielding_to_a_lingering_listener_does_not_idle_the_lo
         await tasks.cancel_all()
         await third.aclose()
         await mine.aclose()
+
+
+async def test_a_notify_false_lock_hands_over_despite_its_own_client_listening(
+    client: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    tasks: Tasks,
+) -> None:
+    """Regression (review of issue 12): the releaser's own listener is counted whatever its
+    ``notify``: a ``notify=False`` lock hands over to its next local task, not yielding to
+    a subscriber that is its own client (another lock object on the same key listens).
+    """
+    holder = await hold(other_client, name)
+    listening = AsyncLock(client, name)  # notify=True: subscribes while it waits
+    quiet = AsyncLock(client, name, notify=False)
+
+    async def hold_a_while() -> None:
+        async with listening:
+            await asyncio.sleep(LOCAL_RUN + 0.02)  # the local run may yield from here on
+
+    async def take() -> None:
+        async with quiet:
+            await asyncio.sleep(0.001)
+
+    runner = tasks.start(hold_a_while())
+    await waiting(listening, 1)
+    takers = [tasks.start(take()), tasks.start(take())]
+    await waiting(listening, 3)
+    await admin.config_resetstat()
+    await holder.release()
+    await done_within(runner, WAKE_BOUND, "the listening lock's run")
+    for taker in takers:
+        await done_within(taker, WAKE_BOUND, "a quiet task's turn")
+    # Publishes: the holder elsewhere's release, and the last quiet task's release. A
+    # hand-over between the quiet tasks that yielded to this client's own listener would
+    # have published (and deleted the key) once more.
+    assert await calls(admin, "publish") == 2
 
 
 # --- 5. FIFO among local waiters -----------------------------------------------------------------

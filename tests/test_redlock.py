@@ -40,6 +40,7 @@ from support import (
 
 from aiolock import (
     AcquireTimeout,
+    LockEvent,
     LockLostError,
     LockNotOwnedError,
     Redlock,
@@ -749,3 +750,27 @@ def test_public_surface_is_documented() -> None:
     assert positions == sorted(positions)
     for phrase in ("pause", "clock", "fencing", "2k"):
         assert phrase in doc, phrase
+
+
+async def test_a_name_that_would_break_a_cluster_hash_tag_is_accepted(nodes: Nodes) -> None:
+    """Regression (review of issue 12): Redlock's nodes are independent servers, so a name
+    starting with ``}`` or a prefix with ``{}`` is accepted as before the engine."""
+    for name, prefix in (("}" + nodes.name, "aiolock:"), (nodes.name, "aiolock{}:")):
+        lock = Redlock(nodes.clients(), name, ttl=2.0, prefix=prefix)
+        async with lock:
+            assert len(await nodes.holders(lock.key)) == N
+        assert await nodes.holders(lock.key) == {}
+
+
+async def test_a_win_over_a_node_held_elsewhere_is_reported_as_contended(
+    nodes: Nodes, events: list[LockEvent]
+) -> None:
+    """Regression (review of issue 12): an attempt that wins a majority while one node holds
+    another holder's key still counts as contended in the ``acquired`` event."""
+    await nodes.admins[0].set(nodes.key(), "foreign", px=5000)
+    lock = Redlock(nodes.clients(), nodes.name, ttl=2.0)
+    async with lock:
+        pass
+    acquired = [e for e in events if e.kind == "acquired" and e.lock is lock]
+    assert [e.contended for e in acquired] == [True]
+    await nodes.admins[0].delete(nodes.key())

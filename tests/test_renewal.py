@@ -602,6 +602,36 @@ async def test_release_during_inflight_renewal_leaves_nothing(
     assert in_use_connections(c) == 0
 
 
+async def test_an_extend_that_ends_during_a_renewal_keeps_the_lease_the_server_has(
+    proxy: FaultProxy, proxied: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Regression (review of issue 12): a renewal whose reply comes after an ``extend(ttl=...)``
+    must not leave the holder counting the extend's lease while it renews with the old one.
+
+    The renewal's reply is held back while ``extend(ttl=10)`` runs on a new
+    connection; once it arrives, the holder's lease end must still be one the
+    server keeps: the key never expires while the holder says it holds it.
+    """
+    lock = AsyncLock(proxied, name, ttl=0.6)  # renews every 0.2 s
+    assert await lock.acquire()
+    try:
+        await asyncio.sleep(0.15)
+        proxy.hold_replies()  # the renewal at 0.2 s runs on the server; its reply waits
+        await asyncio.sleep(0.1)
+        await lock.extend(ttl=10.0)  # a new connection: answered at once
+        proxy.release_replies()
+        for _ in range(12):
+            await asyncio.sleep(0.1)
+            if not lock.lost:
+                assert await admin.exists(lock.key), (
+                    "the holder says it holds the lock, but its key expired"
+                )
+    finally:
+        if not lock.lost:
+            await lock.release()
+        await admin.delete(lock.key)
+
+
 # --- 6. a server restart with empty data --------------------------------------------------------
 
 
