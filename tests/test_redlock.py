@@ -32,6 +32,7 @@ from support import (
     LOOPS,
     LossRecorder,
     all_keys,
+    eventually,
     in_use_connections,
     other_tasks,
     run_on,
@@ -43,6 +44,7 @@ from aiolock import (
     LockEvent,
     LockLostError,
     LockNotOwnedError,
+    LockStatistics,
     Redlock,
     backoff,
 )
@@ -774,3 +776,18 @@ async def test_a_win_over_a_node_held_elsewhere_is_reported_as_contended(
     acquired = [e for e in events if e.kind == "acquired" and e.lock is lock]
     assert [e.contended for e in acquired] == [True]
     await nodes.admins[0].delete(nodes.key())
+
+
+async def test_statistics_and_fence_describe_a_redlock_object(nodes: Nodes) -> None:
+    """Redlock's statistics() count the tasks waiting through the object; its fence is None."""
+    lock = Redlock(nodes.clients(), nodes.name, ttl=2.0)
+    assert lock.statistics() == LockStatistics(held=False, owner=None, tasks_waiting=0)
+    async with lock:
+        me = asyncio.current_task()
+        assert lock.fence is None
+        waiter = asyncio.ensure_future(lock.acquire(timeout=5.0))
+        await eventually(lambda: lock.statistics().tasks_waiting == 1, "one task waits")
+        assert lock.statistics() == LockStatistics(held=True, owner=me, tasks_waiting=1)
+    assert await waiter
+    await lock.release()
+    assert lock.statistics() == LockStatistics(held=False, owner=None, tasks_waiting=0)
