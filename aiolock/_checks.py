@@ -15,6 +15,8 @@ from redis.asyncio import Redis, RedisCluster
 from ._types import Client
 
 __all__ = [
+    "MAX_MS",
+    "MAX_SECONDS",
     "UNSET",
     "Unset",
     "check_bool",
@@ -24,6 +26,7 @@ __all__ = [
     "check_timeout",
     "check_ttl",
     "to_ms",
+    "too_long",
 ]
 
 
@@ -39,6 +42,29 @@ class Unset:
 
 #: Stands for an argument that was not given (where ``None`` has a meaning of its own).
 UNSET: Final = Unset()
+
+#: The longest duration aiolock sends to the server, in milliseconds: 10**15 ms
+#: (10**12 s, about 31,700 years). Every duration that reaches the server as
+#: ``PX``, ``PEXPIRE`` or ``WAIT`` milliseconds (a lease ``ttl``, ``replica_timeout``,
+#: a backoff delay, which becomes the waiting marker's ``PX`` plus a slack of
+#: 0.25 s) must be at most :data:`MAX_SECONDS`, checked when the lock (or the
+#: backoff policy) is made. The server refuses a ``PX`` when ``now_ms + PX``
+#: overflows a signed 64-bit integer (about 9.2e18 ms; valkey 8.1 says "invalid
+#: expire time"); this limit is far below that, and below 2**53 even with the
+#: marker's slack added, so every count of milliseconds is exact in a float and
+#: in the scripts' Lua numbers. A round number, so that it reads well in messages.
+MAX_MS: Final = 10**15
+
+#: :data:`MAX_MS` in seconds: the largest ``ttl`` (or other duration sent to the server).
+MAX_SECONDS: Final = MAX_MS / 1000
+
+
+def too_long(name: str, value: object) -> str:
+    """The message for a duration above :data:`MAX_SECONDS`: names it, the value and the limit."""
+    return (
+        f"{name} must be at most {MAX_SECONDS:g} s ({MAX_MS:.0e} ms, the longest duration "
+        f"aiolock sends to the server), got {value!r}"
+    )
 
 
 def to_ms(seconds: float) -> int:
@@ -65,7 +91,14 @@ def check_seconds(name: str, value: object, *, allow_none: bool = False) -> floa
 
 
 def check_timeout(value: object) -> float | None:
-    """Check a ``timeout``: ``None`` (or infinity) waits forever, else seconds >= 0."""
+    """Check a ``timeout``: ``None`` (or infinity) waits forever, else seconds >= 0.
+
+    No upper bound: a timeout never reaches the server. It only sets a deadline
+    on the local monotonic clock; asyncio caps each of its own waits (the
+    selector never sleeps more than a day at once), and the wait loop bounds
+    the waiting marker's ``PX`` by the backoff step, not by the deadline. So a
+    finite timeout of any size waits that long and no more, like ``None``.
+    """
     if value.__class__ is float and 0 <= value < math.inf:  # the common case, at once
         return value
     timeout = check_seconds("timeout", value, allow_none=True)
@@ -77,8 +110,8 @@ def check_timeout(value: object) -> float | None:
 
 
 def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> float:
-    """Check a lease: a finite number of seconds > 0, and at least ``least`` (1 ms)."""
-    if value.__class__ is float and least <= value < math.inf:  # the common case, at once
+    """Check a lease: seconds >= ``least`` (1 ms), at most :data:`MAX_SECONDS`, never NaN."""
+    if value.__class__ is float and least <= value <= MAX_SECONDS:  # the common case, at once
         return value
     ttl = check_seconds(name, value)
     assert ttl is not None  # noqa: S101 - allow_none is False
@@ -89,6 +122,8 @@ def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> floa
             f"{name} must be at least {least:g} s"
             f"{' (1 ms on the wire)' if least == 0.001 else ''}, got {value!r}"
         )
+    if ttl > MAX_SECONDS:
+        raise ValueError(too_long(name, value))
     return ttl
 
 

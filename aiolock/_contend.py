@@ -83,7 +83,7 @@ def obtain(
     and goes straight to the server (the awaitable is the wait loop itself).
     """
     baseline = task.cancelling()
-    queue = lease.queue()
+    queue = lease.queue(task.get_loop())
     if queue.take(task):
         return _contend(lease, queue, task, policy, deadline, baseline, 0.0, contention)
     contention.seen = True  # another task of this process had it, or was first in line

@@ -132,8 +132,8 @@ class Lease(Protocol):
         """How long a lease of ``ttl`` asked for lasts as the holder counts it."""
         ...
 
-    def queue(self) -> LocalQueue:
-        """The local queue of the tasks that wait through this lease (made if need be)."""
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+        """The local queue of ``loop``'s tasks that wait through this lease (made if need be)."""
         ...
 
     def existing_queue(self) -> LocalQueue | None:
@@ -371,9 +371,9 @@ class ServerLease:
         """The holder counts the whole lease (from when it sent the command)."""
         return ttl
 
-    def queue(self) -> LocalQueue:
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
         """The client's local queue for this key, shared by every lock object on it."""
-        return queue_for(self._queues, self.key)
+        return queue_for(self._queues, self.key, loop)
 
     def existing_queue(self) -> LocalQueue | None:
         """The client's local queue for this key, if there is one (it may be idle)."""

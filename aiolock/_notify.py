@@ -16,7 +16,10 @@ channel is left. Nothing runs while nobody waits.
 A waiter never depends on the listener for progress. If the connection
 breaks, every waiter is woken at once and goes on polling with its backoff
 policy; the listener reconnects with backoff, subscribes again, and wakes the
-waiters once more (a release may have been missed meanwhile).
+waiters once more (a release may have been missed meanwhile). If the server
+refuses the subscription (``NOPERM``: a user without rights to the channel),
+the listener logs one WARNING that names the right to grant, stops, and
+waiters poll; it asks again after :data:`REFUSED_RETRY` seconds.
 
 Generations make missed wake-ups impossible: every event on a channel (a
 message, a confirmed subscription, a broken connection) bumps its generation.
@@ -39,7 +42,7 @@ import anyio.lowlevel
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, SlotNotCoveredError
+from redis.exceptions import NoPermissionError, RedisError, SlotNotCoveredError
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -62,6 +65,8 @@ CONNECT_BOUND = 2.0
 #: The reconnection delays: the first, and the cap of the doubling.
 RECONNECT_FIRST = 0.05
 RECONNECT_CAP = 2.0
+#: Seconds before a listener whose subscription the server refused asks again.
+REFUSED_RETRY = 60.0
 
 TASK_PREFIX = "aiolock-notify"
 
@@ -119,8 +124,10 @@ class _Listener:
         "_heard",
         "_kwargs",
         "_ping_sent",
+        "_refused_until",
         "_sharded",
         "_task",
+        "_warned",
         "_write_lock",
         "label",
     )
@@ -139,6 +146,10 @@ class _Listener:
             health_check_interval=0,
             retry=Retry(NoBackoff(), 0),
         )
+        if "maint_notifications_config" in kwargs:
+            # redis-py 8 refuses maintenance notifications on a RESP2 connection without
+            # hiredis (a pure-Python install): this connection only reads pub/sub messages.
+            kwargs["maint_notifications_config"] = None
         self._kwargs = kwargs
         self._sharded = sharded
         self._channels: dict[bytes, _Channel] = {}
@@ -149,8 +160,14 @@ class _Listener:
         self._heard = time.monotonic()
         self._confirmed = False
         self._encoding = str(kwargs.get("encoding") or "utf-8")
+        self._refused_until = 0.0  # the server refused our subscriptions until then
+        self._warned = False  # the refusal was logged (once per listener)
 
     # -- waiters' side ------------------------------------------------------------------
+
+    def refused(self) -> bool:
+        """Whether the server refused this listener's subscriptions a short while ago."""
+        return time.monotonic() < self._refused_until
 
     def generation(self, name: str) -> int | None:
         channel = self._channels.get(name.encode(self._encoding))
@@ -219,9 +236,10 @@ class _Listener:
         failures = 0
         try:
             while self._channels:
-                conn = self._connection_class(**self._kwargs)
                 self._confirmed = False
+                conn = None
                 try:
+                    conn = self._connection_class(**self._kwargs)
                     with anyio.fail_after(CONNECT_BOUND):
                         await conn.connect()
                     self._conn = conn
@@ -229,6 +247,9 @@ class _Listener:
                     self._heard = time.monotonic()
                     await self._subscribe_new(conn)
                     await self._read(conn)
+                except NoPermissionError as exc:
+                    self._refuse(exc)
+                    return
                 except Exception as exc:
                     if failures == 0 or self._confirmed:
                         logger.warning(
@@ -239,8 +260,9 @@ class _Listener:
                 finally:
                     self._conn = None
                     self._broken()
-                    with contextlib.suppress(Exception):
-                        await conn.disconnect(nowait=True)
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.disconnect(nowait=True)
                 if self._confirmed:
                     failures = 0  # it worked: the next break retries fast
                 if self._channels:
@@ -250,6 +272,25 @@ class _Listener:
             self._task = None
             self._conn = None
             self._broken()
+
+    def _refuse(self, exc: NoPermissionError) -> None:
+        """The server refused a subscription: waiters poll; ask again later."""
+        self._refused_until = time.monotonic() + REFUSED_RETRY
+        if self._warned:
+            return
+        self._warned = True
+        channel = next(iter(self._channels.values()), None)
+        name = channel.name if channel is not None else "<prefix>{<name>}:released"
+        prefix = name.split("{", 1)[0]
+        logger.warning(
+            "aiolock: the server refused release notifications on %r (%s); waiters "
+            "of this client's locks poll with their backoff policy instead. Grant "
+            "the user the channel right (ACL SETUSER <user> &%s*), or make the "
+            "locks with notify=False",
+            name,
+            exc,
+            prefix,
+        )
 
     async def _subscribe_new(self, conn: AbstractConnection) -> None:
         new = [c for c in self._channels.values() if c.state is _State.NEW]
@@ -439,5 +480,7 @@ async def subscribe(client: Client, channel: str, seen: int | None) -> Subscript
     try:
         listener = _listener(client, channel)
     except (LookupError, SlotNotCoveredError):  # a cluster whose slot map is not loaded
+        return None
+    if listener.refused():
         return None
     return await listener.subscribe(channel, seen)

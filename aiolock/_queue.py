@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
 import weakref
 from collections import deque
 from collections.abc import Awaitable
@@ -162,14 +163,22 @@ class LocalQueue:
         "_key",
         "_waiters",
         "holder",
+        "loop",
         "owner",
+        "pid",
         "reserved",
         "run_started",
     )
 
-    def __init__(self, home: dict[str, LocalQueue], key: str) -> None:
+    def __init__(
+        self, home: dict[str, LocalQueue], key: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._home = home
         self._key = key
+        #: The event loop whose tasks use the queue (a queue belongs to one loop).
+        self.loop = loop
+        #: The process that made it (a forked child starts with its own).
+        self.pid = os.getpid()
         self.owner: asyncio.Task[Any] | None = None  # the baton holder
         self.holder: asyncio.Task[Any] | None = None  # the baton holder, once it holds the lock
         self.run_started = 0.0  # when the lock last came from the server, not a hand-over
@@ -304,11 +313,20 @@ def queues_of(client: object) -> dict[str, LocalQueue]:
         return home
 
 
-def queue_for(home: dict[str, LocalQueue], key: str) -> LocalQueue:
-    """Return the local queue of ``key`` in ``home`` (see :func:`queues_of`), making it."""
+def queue_for(home: dict[str, LocalQueue], key: str, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+    """Return the local queue of ``key`` in ``home`` for ``loop``'s tasks, making it.
+
+    A queue left by an event loop that no longer runs (one that ended with the
+    lock held, as in a script that ran ``asyncio.run`` once before), or by
+    another process (the parent's, in a forked child), is replaced: its tasks
+    and futures are of no use here. A queue of a loop that runs in another
+    thread is shared, as before: a client serves one loop at a time.
+    """
     queue = home.get(key)
-    if queue is None:
-        queue = home[key] = LocalQueue(home, key)
+    if queue is None or (
+        queue.loop is not loop and (not queue.loop.is_running() or queue.pid != os.getpid())
+    ):
+        queue = home[key] = LocalQueue(home, key, loop)
     return queue
 
 

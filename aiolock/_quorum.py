@@ -33,9 +33,9 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
-from ._checks import check_seconds
+from ._checks import MAX_SECONDS, check_seconds, too_long
 from ._lease import NOT_HELD, Contention, Reply, ServerLease, Unanswered
-from ._queue import LocalQueue
+from ._queue import LocalQueue, queue_for
 from ._timers import Timer
 from ._types import Client
 
@@ -134,12 +134,9 @@ class QuorumLease:
         """The holder counts the lease minus the drift allowance."""
         return ttl - drift(ttl)
 
-    def queue(self) -> LocalQueue:
-        """This lock object's own local queue."""
-        queue = self._queues.get(_QUEUE_KEY)
-        if queue is None:
-            queue = self._queues[_QUEUE_KEY] = LocalQueue(self._queues, _QUEUE_KEY)
-        return queue
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+        """This lock object's own local queue (for ``loop``'s tasks)."""
+        return queue_for(self._queues, _QUEUE_KEY, loop)
 
     def existing_queue(self) -> LocalQueue | None:
         """This lock object's local queue, if there is one (it may be idle)."""
@@ -353,7 +350,7 @@ class QuorumLease:
 
 
 def check_lease(value: object, node_timeout: float | None, name: str = "ttl") -> float:
-    """Check a Redlock lease: a finite number of seconds >= 0.01, above ``node_timeout``."""
+    """Check a Redlock lease: seconds >= 0.01, at most ``MAX_SECONDS``, above ``node_timeout``."""
     ttl = check_seconds(name, value)
     assert ttl is not None  # noqa: S101 - allow_none is False
     if not math.isfinite(ttl) or ttl < MIN_TTL:
@@ -361,6 +358,8 @@ def check_lease(value: object, node_timeout: float | None, name: str = "ttl") ->
             f"{name} must be a finite number of seconds >= {MIN_TTL} (Redlock allows "
             f"{_DRIFT_FLOOR} s of clock drift on top of 1%), got {value!r}"
         )
+    if ttl > MAX_SECONDS:  # each node stores it as PX
+        raise ValueError(too_long(name, value))
     if node_timeout is not None and ttl <= node_timeout:
         raise ValueError(
             f"{name} must be longer than node_timeout ({node_timeout!r} s), got {value!r}"

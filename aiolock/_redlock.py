@@ -201,6 +201,8 @@ class Redlock(LeaseLock):
         else:
             limit = check_seconds("node_timeout", node_timeout)
             assert limit is not None  # noqa: S101 - allow_none is False
+            # Below ttl, which check_lease bounded by MAX_SECONDS, hence bounded too (it
+            # never reaches a server anyway: it limits each call to a node, here).
             if not 0 < limit < ttl:
                 raise ValueError(
                     "node_timeout must be a finite number of seconds > 0 and below "

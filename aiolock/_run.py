@@ -69,6 +69,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -280,10 +281,48 @@ def _signal_name(signum: int) -> str:
 
 
 def _connect(url: str, cluster: bool) -> Client:
-    """A client for ``url`` (nothing is sent yet); ``ValueError`` for a malformed URL."""
-    if cluster:
-        return RedisCluster.from_url(url)
-    return Redis.from_url(url)
+    """A client for ``url`` (nothing is sent yet); ``ValueError`` for a malformed URL.
+
+    redis-py passes every ``?name=value`` of the URL on as a keyword argument.
+    A name it does not know fails only when the first connection is made, as a
+    bare ``TypeError``, and some bad values (``protocol=9``) as an error that
+    looks like the server's. So the connection the first command would use is
+    built here, without connecting: whatever that raises is the URL's fault,
+    and becomes a ``ValueError`` that names the option (never the password).
+    """
+    client: Client
+    try:
+        if cluster:
+            client = RedisCluster.from_url(url)
+            for node in client.nodes_manager.startup_nodes.values():
+                node.connection_class(**node.connection_kwargs)  # built only, never opened
+        else:
+            client = Redis.from_url(url)
+            pool = client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)  # built only, never opened
+    except (TypeError, RedisError) as exc:
+        raise ValueError(_option_problem(exc, url)) from None
+    return client
+
+
+def _option_problem(exc: Exception, url: str) -> str:
+    """What is wrong with the URL's options, given what building a client raised.
+
+    Names the option: the one redis-py calls unknown, else those whose name
+    (or, failing that, value) the error mentions, else all of them.
+    """
+    text = str(exc)
+    unknown = re.search(r"unexpected keyword argument '([^']*)'", text)
+    if unknown is not None:
+        return f"unknown option {unknown.group(1)!r} in the URL (redis-py does not take it)"
+    parts = _parse(url)
+    fields = [f.partition("=") for f in (parts.query if parts is not None else "").split("&")]
+    options = [(k, v) for k, _, v in fields if k and unquote(k).lower() != "password"]
+    named = [k for k, _ in options if k.lower() in text.lower()]
+    named = named or [k for k, v in options if len(v) > 1 and unquote(v) in text]
+    named = named or [k for k, _ in options]
+    which = ", ".join(repr(k) for k in named) or "none"
+    return f"bad option {which} in the URL: {text}"
 
 
 async def _close(client: Client) -> None:

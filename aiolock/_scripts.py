@@ -108,14 +108,17 @@ return 0
 #   ARGV[3]  '1' to announce with SPUBLISH (cluster), anything else: PUBLISH
 # Deletes the key only if it still holds the token, then announces the
 # release. Returns 1 if it deleted the key, 0 if the key was not ours.
+# The announcement is best effort (redis.pcall): a server that refuses it (a
+# user without channel rights, a server without SPUBLISH) must not turn a
+# release that deleted the key into an error; waiters then poll.
 RELEASE = Script(
     """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
     if ARGV[3] == '1' then
-        redis.call('SPUBLISH', ARGV[2], '')
+        redis.pcall('SPUBLISH', ARGV[2], '')
     else
-        redis.call('PUBLISH', ARGV[2], '')
+        redis.pcall('PUBLISH', ARGV[2], '')
     end
     return 1
 end
@@ -156,7 +159,8 @@ return 0
 # listen on the channel (they come at once: `marker` is -2), or else a waiter
 # that polls raised the marker (`marker` is its PTTL in ms: when that waiter
 # tries next, plus the slack); otherwise {1, fence}: the key now holds the next
-# holder's token and lease (fence as in ACQUIRE).
+# holder's token and lease (fence as in ACQUIRE). Counting and announcing are
+# best effort, as in RELEASE: a refused count counts no listener.
 HANDOVER = Script(
     _NEXT_FENCE
     + """
@@ -164,11 +168,15 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {0, 0}
 end
 if ARGV[7] == '1' then
-    local listening
+    local counted
     if ARGV[5] == '1' then
-        listening = redis.call('PUBSUB', 'SHARDNUMSUB', ARGV[4])[2]
+        counted = redis.pcall('PUBSUB', 'SHARDNUMSUB', ARGV[4])
     else
-        listening = redis.call('PUBSUB', 'NUMSUB', ARGV[4])[2]
+        counted = redis.pcall('PUBSUB', 'NUMSUB', ARGV[4])
+    end
+    local listening = 0
+    if type(counted) == 'table' and not counted.err then
+        listening = counted[2]
     end
     local marker = -2
     if listening <= tonumber(ARGV[6]) then
@@ -177,9 +185,9 @@ if ARGV[7] == '1' then
     if listening > tonumber(ARGV[6]) or marker ~= -2 then
         redis.call('DEL', KEYS[1])
         if ARGV[5] == '1' then
-            redis.call('SPUBLISH', ARGV[4], '')
+            redis.pcall('SPUBLISH', ARGV[4], '')
         else
-            redis.call('PUBLISH', ARGV[4], '')
+            redis.pcall('PUBLISH', ARGV[4], '')
         end
         return {2, marker}
     end

@@ -17,6 +17,12 @@ sleep 200 ms: ``constant(0.2)``; sleep 2 s: ``constant(2.0)``.
 
 A plain callable ``attempt -> seconds`` (attempt counts from 1) is accepted
 wherever a policy is, and wrapped with :func:`from_callable`.
+
+A waiter tells others how long it will pause: its waiting marker on the
+server lasts the delay (plus a slack), so no delay may exceed
+:data:`aiolock._checks.MAX_SECONDS` (10**12 s), the longest duration aiolock
+sends to the server. The factories check their parameters against it, and
+the delays of a user policy are checked as they are drawn.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, final
+
+from ._checks import MAX_SECONDS, too_long
 
 __all__ = [
     "Backoff",
@@ -46,14 +54,20 @@ Jitter = Literal["none", "full", "equal"]
 _PROBE = 16
 
 
-def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    """Check that ``value`` is a finite, non-negative number of seconds."""
+def _seconds(name: str, value: object, *, positive: bool = False, bounded: bool = True) -> float:
+    """Check that ``value`` is a finite, non-negative number of seconds.
+
+    With ``bounded`` (for what becomes a delay, hence a marker's ``PX``), it
+    must also be at most :data:`~aiolock._checks.MAX_SECONDS`.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         need = "a finite number > 0" if positive else "a finite number >= 0"
         raise ValueError(f"{name} must be {need}, got {value!r}")
+    if bounded and seconds > MAX_SECONDS:
+        raise ValueError(too_long(name, value))
     return seconds
 
 
@@ -62,8 +76,11 @@ def _check_delay(value: object, *, source: str = "backoff") -> float:
 
     Raises:
         TypeError: the delay is not a number.
-        ValueError: the delay is negative, NaN or infinite.
+        ValueError: the delay is negative, NaN, infinite, or longer than the
+            server can keep the waiting marker (:data:`~aiolock._checks.MAX_SECONDS`).
     """
+    if value.__class__ is float and 0 <= value <= MAX_SECONDS:  # the common case, at once
+        return value
     return _seconds(f"{source} delay", value)
 
 
@@ -172,7 +189,7 @@ def constant(delay: float) -> Backoff:
     200 ms" and "sleep 2 s" strategies.
 
     Raises:
-        ValueError: ``delay`` is negative or not finite.
+        ValueError: ``delay`` is negative, not finite, or above ``MAX_SECONDS`` (10**12 s).
     """
     return _Constant(_seconds("delay", delay))
 
@@ -181,7 +198,8 @@ def linear(step: float = 0.01, cap: float = 1.0) -> Backoff:
     """Sleep ``step``, ``2*step``, ``3*step``, ... seconds, never more than ``cap``.
 
     Raises:
-        ValueError: ``step`` or ``cap`` is negative or not finite.
+        ValueError: ``step`` or ``cap`` is negative, not finite, or above
+            ``MAX_SECONDS`` (10**12 s).
     """
     return _Linear(_seconds("step", step), _seconds("cap", cap))
 
@@ -202,8 +220,9 @@ def exponential(
             ``[0, delay]``) or ``"equal"`` (uniform in ``[delay/2, delay]``).
 
     Raises:
-        ValueError: a number is negative or not finite, ``factor < 1``, or
-            ``jitter`` is not one of the three names.
+        ValueError: a number is negative or not finite, ``base`` or ``cap`` is
+            above ``MAX_SECONDS`` (10**12 s), ``factor < 1``, or ``jitter`` is
+            not one of the three names.
     """
     base_s = _seconds("base", base)
     cap_s = _seconds("cap", cap)
@@ -222,7 +241,8 @@ def decorrelated(base: float = 0.005, cap: float = 0.5) -> Backoff:
     Each acquisition gets its own state, so one policy object may be shared.
 
     Raises:
-        ValueError: ``base`` is not > 0 or ``cap`` is below ``base``.
+        ValueError: ``base`` is not > 0, ``cap`` is below ``base`` or above
+            ``MAX_SECONDS`` (10**12 s).
     """
     base_s = _seconds("base", base, positive=True)
     cap_s = _seconds("cap", cap)
@@ -246,9 +266,13 @@ def yield_then_sleep(window: float = 0.6, interval: float = 0.2) -> Backoff:
     ``yield_then_sleep(0.6, 0.2)`` is the seed article's second strategy.
 
     Raises:
-        ValueError: ``window`` or ``interval`` is negative or not finite.
+        ValueError: ``window`` or ``interval`` is negative or not finite, or
+            ``interval`` is above ``MAX_SECONDS`` (10**12 s).
     """
-    return _YieldThenSleep(_seconds("window", window), _seconds("interval", interval))
+    # The window only bounds local spinning (its delays are 0): it never reaches the server.
+    return _YieldThenSleep(
+        _seconds("window", window, bounded=False), _seconds("interval", interval)
+    )
 
 
 def from_callable(function: Callable[[int], float]) -> Backoff:
@@ -272,7 +296,8 @@ def _coerce(value: object) -> Backoff:
     Raises:
         TypeError: ``value`` is neither a policy nor a callable, or a delay is
             not a number.
-        ValueError: a delay is negative, NaN or infinite.
+        ValueError: a delay is negative, NaN, infinite, or above ``MAX_SECONDS``
+            (the waiting marker's ``PX`` could not be stored).
     """
     policy = value if isinstance(value, Backoff) else from_callable(value)  # type: ignore[arg-type]
     if not isinstance(policy, (_Constant, _Linear, _Exponential, _Decorrelated, _YieldThenSleep)):

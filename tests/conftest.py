@@ -6,6 +6,14 @@ Every async test runs twice: on the default asyncio loop and on uvloop
 
 from __future__ import annotations
 
+import os
+import sys
+
+if os.environ.get("AIOLOCK_TEST_HIDE_HIREDIS"):
+    # Before anything imports redis: redis-py then uses its pure-Python parser, as
+    # on an install without hiredis (tests/test_no_hiredis.py runs tests this way).
+    sys.modules["hiredis"] = None  # type: ignore[assignment]
+
 import asyncio
 import re
 import uuid
@@ -15,6 +23,7 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 from faultproxy import FaultProxy
+from redis.utils import HIREDIS_AVAILABLE
 from support import LOOPS, Own, all_keys, connected, in_use_connections, listeners_gone, other_tasks
 
 import aiolock
@@ -30,9 +39,10 @@ def pytest_asyncio_loop_factories(
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    """Name the server binary the suite runs against."""
+    """Name the server binary the suite runs against, and whether hiredis is used."""
     binary = find_server_binary()
-    return f"aiolock server: {server_version(binary)} ({binary})"
+    hiredis = "hidden" if HIREDIS_AVAILABLE is False else "used"
+    return f"aiolock server: {server_version(binary)} ({binary}); hiredis: {hiredis}"
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,9 @@ its own options, and construction without a server.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,9 +27,10 @@ import redis.asyncio.sentinel
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from support import all_keys, connections_made, names, other_tasks
+from support import all_keys, connections_made, eventually, names, names_value, other_tasks
 
 from aiolock import AsyncLock, backoff
+from aiolock._checks import MAX_SECONDS
 from aiolock._keys import Keys
 from aiolock.testing import RedisServer, free_port
 
@@ -151,6 +153,97 @@ async def test_good_values_are_accepted_and_normalized(
     AsyncLock(client, name, on_lost=lambda lock: None)
     assert AsyncLock(client, name, prefix="app:").key == Keys(name, "app:").lock
     await assert_nothing_left(client, admin, name)
+
+
+# --- durations the server can store (issue 17) ---------------------------------------------------
+
+#: The next float above the longest duration aiolock sends to the server.
+ABOVE_MAX = math.nextafter(MAX_SECONDS, math.inf)
+
+
+def names_the_limit(arg: str, value: object) -> str:
+    """A ``match=`` pattern: names ``arg``, shows ``repr(value)`` and the limit in seconds."""
+    return names_value(arg, value) + rf"(?=.*{re.escape(f'{MAX_SECONDS:g}')} s\b)"
+
+
+async def test_replica_timeout_beyond_what_wait_takes_fails_at_construction(
+    client: redis.asyncio.Redis, admin: redis.asyncio.Redis, name: str
+) -> None:
+    """Issue 17: replica_timeout above MAX_SECONDS (WAIT's milliseconds) is a ValueError."""
+    for value in (ABOVE_MAX, 1e16):
+        with pytest.raises(ValueError, match=names_the_limit("replica_timeout", value)):
+            AsyncLock(client, name, replicas=1, replica_timeout=value)
+    AsyncLock(client, name, replicas=1, replica_timeout=MAX_SECONDS)
+    await assert_nothing_left(client, admin, name)
+
+
+#: (the parameter named, a factory of a policy given that value) for every built-in policy.
+_FACTORIES: list[tuple[str, Callable[[float], backoff.Backoff]]] = [
+    ("delay", backoff.constant),
+    ("step", lambda v: backoff.linear(step=v, cap=1.0)),
+    ("cap", lambda v: backoff.linear(step=0.01, cap=v)),
+    ("base", lambda v: backoff.exponential(base=v)),
+    ("cap", lambda v: backoff.exponential(cap=v)),
+    ("base", lambda v: backoff.decorrelated(base=v, cap=v)),
+    ("cap", lambda v: backoff.decorrelated(cap=v)),
+    ("interval", lambda v: backoff.yield_then_sleep(0.1, v)),
+]
+
+
+@pytest.mark.parametrize(
+    ("parameter", "factory"),
+    _FACTORIES,
+    ids=[
+        "constant",
+        "linear.step",
+        "linear.cap",
+        "exponential.base",
+        "exponential.cap",
+        "decorrelated.base",
+        "decorrelated.cap",
+        "yield_then_sleep.interval",
+    ],
+)
+async def test_a_built_in_policy_pausing_longer_than_the_server_keeps_is_refused(
+    parameter: str,
+    factory: Callable[[float], backoff.Backoff],
+    client: redis.asyncio.Redis,
+    admin: redis.asyncio.Redis,
+    name: str,
+) -> None:
+    """Issue 17: a built-in policy's delay above MAX_SECONDS fails in its factory, naming it."""
+    for value in (ABOVE_MAX, 1e16):
+        with pytest.raises(ValueError, match=names_the_limit(parameter, value)):
+            AsyncLock(client, name, backoff=factory(value))
+    AsyncLock(client, name, backoff=factory(MAX_SECONDS))
+    await assert_nothing_left(client, admin, name)
+
+
+async def test_the_longest_backoff_delay_is_a_marker_the_server_keeps(
+    client: redis.asyncio.Redis,
+    other_client: redis.asyncio.Redis,
+    admin: redis.asyncio.Redis,
+    name: str,
+    no_leaks: None,
+) -> None:
+    """Issue 17: a waiter pausing MAX_SECONDS marks the server and gets the lock; above fails."""
+    with pytest.raises(ValueError, match=names_the_limit("delay", ABOVE_MAX)):
+        backoff.constant(ABOVE_MAX)
+    holder = AsyncLock(other_client, name, ttl=5.0)
+    assert await holder.acquire()
+    waiter = AsyncLock(client, name, ttl=5.0, backoff=backoff.constant(MAX_SECONDS))
+    waiting = asyncio.create_task(waiter.acquire())  # no timeout: the marker lasts the pause
+    try:
+        marker = Keys(name).marker
+        await eventually(lambda: admin.exists(marker), "the waiting marker is up")
+        assert await admin.pttl(marker) > 0
+        await holder.release()
+        assert await asyncio.wait_for(waiting, 5.0)
+        await waiter.release()
+    finally:
+        waiting.cancel()
+        if holder.statistics().held:
+            await holder.release()
 
 
 # --- acquire() and extend() arguments -------------------------------------------------------------

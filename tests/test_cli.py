@@ -171,11 +171,13 @@ def script(tmp_path: Path) -> Script:
 
 
 @pytest.fixture
-def unpublishing_url(server: RedisServer, db: redis.Redis) -> Iterator[str]:
-    """The server's URL as a user without channel rights: every release fails on the server.
+def unscripted_url(server: RedisServer, db: redis.Redis) -> Iterator[str]:
+    """The server's URL as a user who may not run scripts: every release fails on the server.
 
-    The release script deletes the key, then its PUBLISH is refused (an ACL
-    error, a ``ResponseError``); acquiring and renewing publish nothing.
+    An uncontended acquire is a bare ``SET``; the release script is refused
+    (``NOPERM``, a ``ResponseError``) and the key stays until its lease ends.
+    (A user without channel rights no longer makes a release fail: its
+    announcement is best effort since issue 17.)
     """
     user = f"aiolock-test-{uuid.uuid4().hex[:8]}"
     db.acl_setuser(
@@ -184,7 +186,7 @@ def unpublishing_url(server: RedisServer, db: redis.Redis) -> Iterator[str]:
         passwords=["+hunter2"],
         keys=["*"],
         categories=["+@all"],
-        reset_channels=True,
+        commands=["-evalsha", "-eval"],
     )
     yield server.url.replace("redis://", f"redis://{user}:hunter2@")
     db.acl_deluser(user)
@@ -513,36 +515,37 @@ def test_a_loss_found_at_the_release_exits_70_with_the_command_s_status(
 
 
 def test_a_release_the_server_fails_exits_69_with_the_command_s_status(
-    cli: Cli, name: str, key: str, db: redis.Redis, unpublishing_url: str
+    cli: Cli, name: str, key: str, db: redis.Redis, unscripted_url: str
 ) -> None:
     """The server failing the release after the command exited 5: exit 69, one line with the 5."""
     result = cli(
-        "run", name, "--", sys.executable, "-c", "exit(5)", env={"AIOLOCK_URL": unpublishing_url}
+        "run", name, "--", sys.executable, "-c", "exit(5)", env={"AIOLOCK_URL": unscripted_url}
     )
     assert result.returncode == 69, result
     assert len(result.error_lines) == 1, result
     line = result.error_lines[0]
-    assert line.startswith(f"aiolock: server {redact_url(unpublishing_url)} is unavailable: ")
+    assert line.startswith(f"aiolock: server {redact_url(unscripted_url)} is unavailable: ")
     assert line.endswith(
         f"(releasing lock {name!r}, which expires within 10.0 s; the command's exit status was 5)"
     )
     assert "hunter2" not in result.stderr
-    assert db.exists(key) == 0
+    assert db.exists(key) == 1, "the refused release deleted the key"  # it expires by itself
+    db.delete(key)
 
 
 def test_a_failed_release_adds_no_second_line_to_a_command_not_found(
-    cli: Cli, name: str, unpublishing_url: str
+    cli: Cli, name: str, unscripted_url: str
 ) -> None:
     """Regression (issue 6 review): a 127 stays 127 with one line if the release fails too."""
     result = cli(
-        "run", name, "--", "aiolock-test-no-such-command", env={"AIOLOCK_URL": unpublishing_url}
+        "run", name, "--", "aiolock-test-no-such-command", env={"AIOLOCK_URL": unscripted_url}
     )
     assert result.returncode == 127, result
     assert result.error_lines == ["aiolock: aiolock-test-no-such-command: command not found"]
 
 
 def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
-    name: str, unpublishing_url: str
+    name: str, unscripted_url: str
 ) -> None:
     """Regression (issue 6 review): an error starting the command is not hidden by the release's."""
     code = (
@@ -551,7 +554,7 @@ def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
         "run_command(RunConfig(sys.argv[1], ('embedded\\x00null',), url=sys.argv[2]))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, name, unpublishing_url],
+        [sys.executable, "-c", code, name, unscripted_url],
         capture_output=True,
         text=True,
         timeout=PROCESS_BOUND,
@@ -560,7 +563,7 @@ def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
     assert result.returncode == 1, result
     *_, error, note = [line for line in result.stderr.splitlines() if line.strip()]
     assert error == "ValueError: embedded null byte", result.stderr
-    assert note.startswith(f"aiolock: server {redact_url(unpublishing_url)} is unavailable: ")
+    assert note.startswith(f"aiolock: server {redact_url(unscripted_url)} is unavailable: ")
     assert note.endswith(f"(releasing lock {name!r}, which expires within 10.0 s)")
     assert "hunter2" not in result.stderr
 
@@ -868,6 +871,42 @@ def test_a_rejected_password_exits_69_without_printing_it(
     assert len(result.error_lines) == 1
     assert "user:***@" in result.stderr
     assert "hunter2" not in result.stdout + result.stderr
+    assert db.exists(key) == 0
+
+
+#: URL options redis-py does not take (or cannot use), and the option's name.
+BAD_URL_OPTIONS = [
+    ("bogus=1", "bogus"),
+    ("Bogus=1&password=secret", "Bogus"),
+    ("protocol=9", "protocol"),
+    ("socket_timeout=abc", "socket_timeout"),  # exited 2 already: the others must match it
+]
+
+
+def test_a_bad_url_option_exits_2_naming_it_without_a_traceback(
+    cli: Cli, server: RedisServer, name: str, key: str, db: redis.Redis
+) -> None:
+    """Issue 17: a URL option redis-py does not take or cannot use: exit 2, one line naming it."""
+    base = server.url.replace("redis://", "redis://user:secret@")
+    jobs = [
+        (url, option, cli.start(*args))
+        for url, option in ((f"{base}?{query}", option) for query, option in BAD_URL_OPTIONS)
+        for args in [
+            ("run", "--url", url, name, "--", "true"),
+            ("status", "--url", url, name),
+            ("run", "--cluster", "--url", url, name, "--", "true"),
+            ("status", "--cluster", "--url", url, name),
+        ]
+    ]
+    for url, option, job in jobs:
+        result = job.finish()
+        assert result.returncode == 2, result
+        assert len(result.error_lines) == 1, result
+        assert "Traceback" not in result.stderr, result
+        line = result.error_lines[0]
+        assert line.startswith(f"aiolock: bad server URL {redact_url(url)}: "), result
+        assert f"'{option}'" in line, result
+        assert "secret" not in result.stdout + result.stderr, result
     assert db.exists(key) == 0
 
 

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -61,6 +64,7 @@ from aiolock import (
     Redlock,
     backoff,
 )
+from aiolock._checks import MAX_MS, MAX_SECONDS
 from aiolock.testing import RedisServer
 
 #: A lock under the contract (a new primitive joins this union).
@@ -309,6 +313,47 @@ async def test_release_or_extend_when_never_held_raises_not_owned(subject: Subje
     with pytest.raises(LockNotOwnedError):
         await lock.extend()
     assert not await lock.owned()
+
+
+async def test_a_user_without_channel_rights_takes_and_releases_without_error(
+    subject: Subject,
+) -> None:
+    """Regression (issue 17): a least-privilege user (no channel rights) locks and unlocks.
+
+    The release announcement is refused to such a user on every server; a
+    release that deleted the key must still return normally, and a waiter of
+    that user must still get the lock (it polls).
+    """
+    user = f"locker-{secrets.token_hex(4)}"
+    password = secrets.token_hex(8)
+    for admin in subject.admins:
+        await admin.acl_setuser(
+            user,
+            enabled=True,
+            passwords=[f"+{password}"],
+            keys=["~*"],
+            categories=["+@all"],
+            reset_channels=True,
+        )
+    try:
+        urls = [f"redis://{user}:{password}@{s.host}:{s.port}" for s in subject.servers]
+        restricted = subject.connect(urls)
+        lock = subject.make_lock(clients=restricted, ttl=2.0)
+        async with lock:
+            assert await subject.held_everywhere(lock.key)
+        assert await subject.keys_left() == []
+        holder = subject.make_lock(process=1, ttl=2.0)
+        assert await holder.acquire()
+        waiter = subject.make_lock(clients=restricted, ttl=2.0, backoff=backoff.constant(0.05))
+        waiting = asyncio.ensure_future(waiter.acquire(timeout=5.0))
+        await asyncio.sleep(0.2)
+        await holder.release()
+        assert await waiting
+        await waiter.release()
+        assert await subject.keys_left() == []
+    finally:
+        for admin in subject.admins:
+            await admin.acl_deluser(user)
 
 
 # --- timeouts ------------------------------------------------------------------------------------
@@ -855,6 +900,94 @@ async def test_extend_rejects_a_bad_ttl_and_keeps_the_lease(
     assert not is_lost(lock)
     assert await lock.owned()
     await lock.release()
+
+
+# --- durations the server can store (issue 17) ---------------------------------------------------
+
+#: The next float above the longest duration aiolock sends to the server.
+ABOVE_MAX = math.nextafter(MAX_SECONDS, math.inf)
+
+
+def names_the_limit(arg: str, value: object) -> str:
+    """A ``match=`` pattern: names ``arg``, shows ``repr(value)`` and the limit in seconds."""
+    return names_value(arg, value) + rf"(?=.*{re.escape(f'{MAX_SECONDS:g}')} s\b)"
+
+
+async def test_the_longest_ttl_holds_on_the_server_and_a_longer_one_is_refused(
+    subject: Subject,
+) -> None:
+    """Issue 17: ttl=MAX_SECONDS acquires, extends, releases; just above it fails at once."""
+    for value in (ABOVE_MAX, 1e16):
+        with pytest.raises(ValueError, match=names_the_limit("ttl", value)):
+            subject.make_lock(ttl=value)
+    await assert_nothing_sent(subject)
+    lock = subject.make_lock(ttl=MAX_SECONDS)
+    # timeout has no limit: it never reaches the server (any finite one is a deadline here).
+    assert await lock.acquire(timeout=1e300)
+    for pttl in await subject.pttls(lock.key):
+        assert MAX_MS - 60_000 < pttl <= MAX_MS, pttl
+    with pytest.raises(ValueError, match=names_the_limit("ttl", ABOVE_MAX)):
+        await lock.extend(ttl=ABOVE_MAX)
+    await lock.extend(ttl=MAX_SECONDS)
+    for pttl in await subject.pttls(lock.key):
+        assert MAX_MS - 60_000 < pttl <= MAX_MS, pttl
+    assert await lock.owned()
+    await lock.release()
+    assert await subject.keys_left() == []
+
+
+class TooLongLaterBackoff(backoff.Backoff):
+    """A user policy that pauses longer than the server can keep at its third delay."""
+
+    def delays(self) -> Iterator[float]:
+        yield 0.01
+        yield 0.02
+        while True:
+            yield ABOVE_MAX
+
+
+@pytest.mark.parametrize(
+    ("policy", "shown"),
+    [
+        (lambda attempt: 1e16, 1e16),
+        (backoff.from_callable(lambda attempt: ABOVE_MAX), ABOVE_MAX),
+        (TooLongLaterBackoff(), ABOVE_MAX),
+    ],
+    ids=["lambda:1e16", "from_callable:above", "subclass:above-at-3rd"],
+)
+async def test_a_backoff_pausing_longer_than_the_server_keeps_fails_at_construction(
+    subject: Subject, policy: object, shown: float
+) -> None:
+    """Issue 17: a user backoff's delay above MAX_SECONDS is a ValueError naming the limit."""
+    with pytest.raises(ValueError, match=names_the_limit("backoff", shown)):
+        subject.make_lock(backoff=policy)
+    await assert_nothing_sent(subject)
+
+
+class TooLongAfterTheProbeBackoff(backoff.Backoff):
+    """A user policy that passes the construction probe, then pauses too long."""
+
+    def delays(self) -> Iterator[float]:
+        yield from [0.01] * (backoff._PROBE + 2)
+        while True:
+            yield ABOVE_MAX
+
+
+async def test_a_delay_too_long_after_the_probe_fails_the_acquire_that_draws_it(
+    subject: Subject,
+) -> None:
+    """Issue 17: a delay above MAX_SECONDS drawn while waiting raises ValueError, cleanly."""
+    holder = subject.make_lock(process=1)
+    assert await holder.acquire()
+    waiter = subject.make_lock(backoff=TooLongAfterTheProbeBackoff())
+    try:
+        with pytest.raises(ValueError, match=names_the_limit("backoff delay", ABOVE_MAX)):
+            await waiter.acquire(timeout=2.0)
+        assert set(await subject.keys_left()) == {holder.key}
+    finally:
+        await holder.release()
+    assert await waiter.acquire(blocking=False)
+    await waiter.release()
 
 
 # --- observer events -----------------------------------------------------------------------------
