@@ -34,7 +34,7 @@ from ._cancel import honour_cancellation
 from ._checks import to_ms
 from ._lease import RETRY, Contention, Lease, Unanswered
 from ._notify import Subscription
-from ._queue import MARK_SLACK, Grant, LocalQueue, Undo, Yield
+from ._queue import MARK_CAP, MARK_SLACK, Grant, LocalQueue, Undo, Yield
 from ._timers import Timer, spare_at
 
 __all__ = ["Won", "obtain"]
@@ -152,6 +152,8 @@ async def _contend(
         marks = lease.marks
         late_since: float | None = None  # since when every attempt went unanswered
         seen: int | None = None
+        # The marker lives at most this long without being set again (see MARK_CAP).
+        mark_life = min(lease.ttl, MARK_CAP)
         if wait_first:
             # Waiters elsewhere were told to go first; if none has taken the lock by
             # then, try anyway. A plain sleep: the release message of the yield itself
@@ -178,7 +180,7 @@ async def _contend(
                 step = _backoff._check_delay(next(delays, step))
                 drawn = True
                 bound = step if deadline is None else min(step, deadline - time.monotonic())
-                mark_ms = to_ms(bound + MARK_SLACK)
+                mark_ms = to_ms(min(bound + MARK_SLACK, mark_life))
                 if waiter is None:
                     waiter = os.urandom(8).hex()
             sent = time.monotonic()
@@ -234,11 +236,24 @@ async def _contend(
                 delay = max(0.0, min(delay, deadline - time.monotonic()))
             if subscription is None and delay > 0:
                 subscription = await lease.subscribe(seen)
-            if subscription is None:
-                await anyio.sleep(delay)
-            else:
-                await subscription.wait(delay)
-            await honour_cancellation(task, baseline)
+            # A pause longer than the marker lives: set it again every half of its life,
+            # so that it tells of a live waiter, and a dead one's is gone soon.
+            every = (
+                mark_life / 2 if waiter is not None and delay + MARK_SLACK > mark_life else delay
+            )
+            end = time.monotonic() + delay
+            while True:
+                chunk = max(0.0, min(every, end - time.monotonic()))
+                if subscription is None:
+                    await anyio.sleep(chunk)
+                    news = False
+                else:
+                    news = await subscription.wait(chunk)
+                await honour_cancellation(task, baseline)
+                left = end - time.monotonic()
+                if news or left <= 0 or waiter is None:
+                    break
+                await lease.mark(waiter, to_ms(min(left + MARK_SLACK, mark_life)))
     finally:
         if timer is not None and won is None:
             timer.cancel()

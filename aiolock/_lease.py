@@ -193,6 +193,10 @@ class Lease(Protocol):
         """Take down the waiting marker if ``waiter`` raised it last: shielded, best effort."""
         ...
 
+    async def mark(self, waiter: str, mark_ms: int) -> None:
+        """Raise the waiting marker again for ``mark_ms`` (a long pause); best effort."""
+        ...
+
     async def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool
     ) -> Reply | None:
@@ -499,6 +503,17 @@ class ServerLease:
         except Exception as exc:
             logger.debug(
                 "could not take down the waiting marker of %r: %r (it expires by itself)",
+                self.name,
+                exc,
+            )
+
+    async def mark(self, waiter: str, mark_ms: int) -> None:
+        """Set the waiting marker to ``waiter`` for ``mark_ms`` again; an error is only logged."""
+        try:
+            await self.wire.set_px(self.keys.marker, waiter, mark_ms)
+        except Exception as exc:
+            logger.debug(
+                "could not raise the waiting marker of %r again: %r (it expires by itself)",
                 self.name,
                 exc,
             )

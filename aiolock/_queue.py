@@ -43,6 +43,7 @@ from ._timers import Cutoff
 
 __all__ = [
     "LOCAL_RUN",
+    "MARK_CAP",
     "MARK_SLACK",
     "YIELD_CAP",
     "YIELD_WAIT",
@@ -65,6 +66,10 @@ LOCAL_RUN: Final = 0.1
 YIELD_WAIT: Final = 0.005
 #: Seconds a waiter's marker outlives the pause it announces (its next attempt may be late).
 MARK_SLACK: Final = 0.25
+#: The longest a waiter's marker lives without being set again (and not longer than the
+#: lease): a waiter that dies leaves it at most this long; a live one with a longer pause
+#: sets it again every half of it.
+MARK_CAP: Final = 2.0
 #: The longest the next local task waits for a polling waiter elsewhere to try.
 YIELD_CAP: Final = 0.5
 #: Seconds allowed for a polling waiter's attempt to reach the server after its pause.

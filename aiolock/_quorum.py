@@ -210,6 +210,9 @@ class QuorumLease:
     async def unmark(self, waiter: str) -> None:
         """No waiting marker on a quorum."""
 
+    async def mark(self, waiter: str, mark_ms: int) -> None:
+        """No waiting marker on a quorum."""
+
     # -- acquire -----------------------------------------------------------------------
 
     async def attempt(

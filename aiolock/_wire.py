@@ -67,6 +67,13 @@ class Wire:
         except RuntimeError as exc:
             raise translated(exc) from None
 
+    async def set_px(self, key: str, value: str, ms: int) -> None:
+        """``SET key value PX ms``."""
+        try:
+            await self.client.execute_command("SET", key, value, "PX", ms)
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
     async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply."""
         try:

@@ -263,6 +263,9 @@ async def test_cancelling_the_body_releases_the_lock(
     lock = AsyncLock(client, name, ttl=0.3)  # renewal starts after ttl/3 = 0.1 s
     cancel_it: list[Callable[[], None]] = []
     task = await _BODY_KINDS[kind](lock, cancel_it.append)
+    # The body first: a task of redis-py's alive while the SET is in flight (a loaded
+    # machine makes that window long) must not be taken for the renewal task.
+    await eventually(lambda: cancel_it, "the body is entered", timeout=3.0, every=0.002)
     renewal = await wait_for_other_task({task})
     assert cancel_it, "the body was not entered"
     assert await admin.exists(lock.key) == 1

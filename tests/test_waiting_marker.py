@@ -15,22 +15,27 @@ invisible to the local run and starved for as long as the run went on.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, eventually, keys_of
+from support import all_keys, calls, eventually, keys_of
 
 from aiolock import AsyncLock, backoff
-from aiolock._queue import LOCAL_RUN, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
+from aiolock._queue import LOCAL_RUN, MARK_CAP, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: Slack for timing bounds on 2 loaded cores.
 SLACK = 0.25
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def marker_of(lock: AsyncLock) -> str:
@@ -148,6 +153,95 @@ async def test_a_waiter_raises_the_marker_for_its_pause_and_takes_it_down_with_t
         waiting.cancel()
         if waiter.statistics().held:
             await waiter.release()
+        if holder.statistics().held:
+            await holder.release()
+
+
+DEAD_WAITER = """
+import asyncio, sys
+import redis.asyncio as redis
+from aiolock import AsyncLock, backoff
+async def main(url, name):
+    lock = AsyncLock(redis.Redis.from_url(url), name, ttl=10.0, backoff=backoff.constant(30))
+    await lock.acquire()
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("notify", [True, False])
+async def test_a_dead_waiters_marker_is_gone_within_two_seconds_whatever_its_step(
+    server: RedisServer,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+    notify: bool,
+) -> None:
+    """Regression (issue 17): a waiter SIGKILLed in a 30 s step leaves its marker at most 2 s.
+
+    Before, the marker lived for the whole step (30 s), and a process handing
+    the lock from task to task yielded to the dead waiter all that time.
+    """
+    holder = AsyncLock(other_client, name, ttl=10.0)
+    assert await holder.acquire()
+    waiter = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        DEAD_WAITER.replace("backoff.constant(30)", f"backoff.constant(30), notify={notify}"),
+        server.url,
+        name,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        marker = keys_of(holder).marker
+        await eventually(lambda: admin.exists(marker), "the waiter's marker is up", timeout=10)
+        assert await admin.pttl(marker) <= MARK_CAP * 1000, "the marker outlives MARK_CAP"
+        waiter.kill()
+        await waiter.wait()
+        killed = time.monotonic()
+
+        async def gone() -> bool:
+            return await admin.exists(marker) == 0
+
+        await eventually(gone, "the marker is gone", timeout=4)
+        assert time.monotonic() - killed <= MARK_CAP + SLACK
+    finally:
+        if waiter.returncode is None:
+            waiter.kill()
+            await waiter.wait()
+        await holder.release()
+
+
+async def test_a_live_waiter_with_a_long_step_keeps_its_marker_without_waking(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Issue 17: a waiter pausing 5 s sets its marker again (max 2 s each) and tries nothing more.
+
+    It still gets the lock at the release (a notification).
+    """
+    holder = AsyncLock(other_client, name, ttl=10.0)
+    assert await holder.acquire()
+    waiter = AsyncLock(client, name, ttl=10.0, backoff=backoff.constant(5.0))
+    waiting = asyncio.create_task(waiter.acquire(timeout=10.0))
+    try:
+        marker = marker_of(waiter)
+        await eventually(lambda: admin.exists(marker), "the marker is up")
+        # Its subscription's confirmation wakes it for one more attempt at once; then
+        # it pauses for its 5 s step.
+        await asyncio.sleep(0.3)
+        await admin.config_resetstat()
+        for _ in range(6):  # 3 s: past a marker that was not set again
+            await asyncio.sleep(0.5)
+            pttl = await admin.pttl(marker)
+            assert 0 < pttl <= MARK_CAP * 1000, pttl
+        assert await calls(admin, "evalsha") == 0, "the waiter tried again before its step"
+        released = time.monotonic()
+        await holder.release()
+        assert await asyncio.wait_for(waiting, 5.0)
+        assert time.monotonic() - released < 1.0
+        await waiter.release()
+        assert await admin.keys(all_keys(name)) == []
+    finally:
+        waiting.cancel()
         if holder.statistics().held:
             await holder.release()
 
