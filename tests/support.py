@@ -13,6 +13,7 @@ import inspect
 import os
 import random
 import re
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
@@ -178,6 +179,31 @@ async def connected(url: str, **options: Any) -> AsyncIterator[redis.Redis]:
         yield c
     finally:
         await c.aclose()
+
+
+@contextlib.asynccontextmanager
+async def user_without_channels(admins: list[redis.Redis]) -> AsyncIterator[tuple[str, str]]:
+    """A user on every server of ``admins`` with every command and key but no channel.
+
+    What new users get on Redis 7+ (``resetchannels``); yields ``(user,
+    password)`` and deletes the user at the end.
+    """
+    user = f"locker-{secrets.token_hex(4)}"
+    password = secrets.token_hex(8)
+    for admin in admins:
+        await admin.acl_setuser(
+            user,
+            enabled=True,
+            passwords=[f"+{password}"],
+            keys=["~*"],
+            categories=["+@all"],
+            reset_channels=True,
+        )
+    try:
+        yield user, password
+    finally:
+        for admin in admins:
+            await admin.acl_deluser(user)
 
 
 @dataclass

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
-from support import calls, connected, eventually
+from support import calls, connected, eventually, user_without_channels
 
 from aiolock import AsyncLock, LockStatistics, backoff
 from aiolock._queue import LOCAL_RUN
@@ -28,21 +27,11 @@ from aiolock.testing import RedisServer
 @pytest.fixture
 async def restricted(server: RedisServer, admin: redis.Redis) -> AsyncIterator[redis.Redis]:
     """A client of a user with every command and key but no channel (``resetchannels``)."""
-    user = f"locker-{secrets.token_hex(4)}"
-    password = secrets.token_hex(8)
-    await admin.acl_setuser(
-        user,
-        enabled=True,
-        passwords=[f"+{password}"],
-        keys=["~*"],
-        categories=["+@all"],
-        reset_channels=True,
-    )
-    try:
-        async with connected(server.url, username=user, password=password) as c:
-            yield c
-    finally:
-        await admin.acl_deluser(user)
+    async with (
+        user_without_channels([admin]) as (user, password),
+        connected(server.url, username=user, password=password) as c,
+    ):
+        yield c
 
 
 async def test_the_user_really_has_no_channel_rights(restricted: redis.Redis) -> None:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import math
 import re
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -50,6 +49,7 @@ from support import (
     other_tasks,
     started_servers,
     the_miss,
+    user_without_channels,
     wait_for_key,
     wait_for_paused_client,
 )
@@ -324,18 +324,7 @@ async def test_a_user_without_channel_rights_takes_and_releases_without_error(
     release that deleted the key must still return normally, and a waiter of
     that user must still get the lock (it polls).
     """
-    user = f"locker-{secrets.token_hex(4)}"
-    password = secrets.token_hex(8)
-    for admin in subject.admins:
-        await admin.acl_setuser(
-            user,
-            enabled=True,
-            passwords=[f"+{password}"],
-            keys=["~*"],
-            categories=["+@all"],
-            reset_channels=True,
-        )
-    try:
+    async with user_without_channels(subject.admins) as (user, password):
         urls = [f"redis://{user}:{password}@{s.host}:{s.port}" for s in subject.servers]
         restricted = subject.connect(urls)
         lock = subject.make_lock(clients=restricted, ttl=2.0)
@@ -351,9 +340,6 @@ async def test_a_user_without_channel_rights_takes_and_releases_without_error(
         assert await waiting
         await waiter.release()
         assert await subject.keys_left() == []
-    finally:
-        for admin in subject.admins:
-            await admin.acl_deluser(user)
 
 
 # --- timeouts ------------------------------------------------------------------------------------
