@@ -58,6 +58,17 @@ async def close_all(clients: list[aioredis.Redis]) -> None:
         await c.aclose()
 
 
+async def take_once(lock: AsyncLock | Redlock, clients: list[aioredis.Redis]) -> tuple[bool, float]:
+    """Acquire (timeout 2 s) and release ``lock``; whether it was acquired, and how long it took."""
+    started = time.monotonic()
+    ok = await lock.acquire(timeout=2.0)
+    took = time.monotonic() - started
+    if ok:
+        await lock.release()
+    await close_all(clients)
+    return ok, took
+
+
 @pytest.mark.parametrize("kind", ["AsyncLock", "Redlock"])
 @pytest.mark.parametrize("same_object", [True, False], ids=["same-object", "new-object"])
 def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
@@ -81,16 +92,7 @@ def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
     expire_everywhere(servers, first.key)
     again = first if same_object else make(name)
 
-    async def take() -> tuple[bool, float]:
-        started = time.monotonic()
-        ok = await again.acquire(timeout=2.0)
-        took = time.monotonic() - started
-        if ok:
-            await again.release()
-        await close_all(clients)
-        return ok, took
-
-    ok, took = asyncio.run(take())
+    ok, took = asyncio.run(take_once(again, clients))
     assert ok, "the second loop could not take a free lock"
     assert took < QUICK, took
 
@@ -114,12 +116,7 @@ def test_a_forked_child_starts_with_a_clean_local_queue(servers: list[RedisServe
     expire_everywhere(servers, lock.key)
 
     async def take() -> int:
-        started = time.monotonic()
-        ok = await lock.acquire(timeout=2.0)
-        took = time.monotonic() - started
-        if ok:
-            await lock.release()
-        await close_all(clients)
+        ok, took = await take_once(lock, clients)
         return 0 if ok and took < QUICK else 1
 
     pid = os.fork()
