@@ -58,13 +58,15 @@ _EXIT_RUN = """\
   0        the command exited 0
   N        the command's own exit status, passed through
   2        bad usage (a bad option gets a usage message, not the one line)
-  69       the server could not be reached or answered with an error: before
-           the lock was acquired (the command did not run), or when releasing
-           it after the command ended (the lock expires within --ttl)
+  69       the server could not be reached, answered with an error, or did
+           not answer in time: before the lock was acquired (the command did
+           not run), or when releasing it after the command ended (the lock
+           expires within --ttl)
   70       the lock was lost: while the command ran (it was sent SIGTERM, then
            SIGKILL after --grace seconds), before it started (it did not run),
            or found at the release after it ended (nothing was terminated)
-  75       the lock was not acquired in time; the command did not run
+  75       the lock was held by someone else until the deadline; the
+           command did not run
   126      the command could not be executed
   127      the command was not found
   128+N    the command died of signal N (or aiolock got signal N while waiting
@@ -81,7 +83,8 @@ _EXIT_STATUS = """\
   0        the lock is held
   2        bad usage
   3        the lock is free
-  69       the server could not be reached or answered with an error"""
+  69       the server could not be reached, answered with an error, or did
+           not answer in time"""
 
 _EXIT_DEMO = """\
   0        every acquisition done, no overlap
@@ -383,8 +386,16 @@ def _demo(args: argparse.Namespace) -> int:
     from redis.exceptions import RedisClusterException, RedisError
 
     from ._demo import DemoConfig, run_demo  # imported here to keep --help fast
-    from ._run import EX_UNAVAILABLE, unavailable_message
+    from ._run import EX_UNAVAILABLE, EX_USAGE, bad_url_message, check_url, unavailable_message
     from .testing import ServerNotFoundError
+
+    given = args.url or os.environ.get("AIOLOCK_URL")
+    if given:
+        try:
+            check_url(given)
+        except ValueError as exc:
+            print(bad_url_message(exc, given), file=sys.stderr, flush=True)
+            return EX_USAGE
 
     config = DemoConfig(
         url=args.url,

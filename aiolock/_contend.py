@@ -13,6 +13,13 @@ so that a holder elsewhere handing the lock from task to task in its own
 process sees this waiter even when it cannot be notified, and lets it go
 first. Giving up takes the marker down.
 
+The answer is true: ``None`` (not acquired) means the latest verdict was
+that someone held the lock. An attempt in flight at the deadline is awaited
+as long as the link needs (see :meth:`~aiolock._lease.ServerLease.attempt`);
+if it got no verdict, the call raises redis-py's ``TimeoutError`` ("the
+server did not answer within ...") instead. Whatever a call that gives up
+must clean up on the server shares one budget (:class:`~aiolock._lease.Call`).
+
 Cancellation: an attempt interrupted at any ``await`` is undone by the
 lease before it raises; an attempt that won but whose caller was cancelled
 meanwhile is undone here; a cancellation that redis-py swallowed (CPython
@@ -28,11 +35,12 @@ from collections.abc import Awaitable, Iterator
 from typing import Any, final
 
 import anyio
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import honour_cancellation
 from ._checks import to_ms
-from ._lease import RETRY, Contention, Lease, Unanswered
+from ._lease import RETRY, Call, Lease, Unanswered
 from ._notify import Subscription
 from ._queue import MARK_CAP, MARK_SLACK, Grant, LocalQueue, Undo, Yield
 from ._timers import Timer, spare_at
@@ -73,21 +81,23 @@ def obtain(
     policy: _backoff.Backoff,
     deadline: float | None,
     blocking: bool,
-    contention: Contention,
+    call: Call,
 ) -> Awaitable[Won | None]:
     """Get the lock for ``task``: through the local queue, then on the server.
 
-    The awaitable returns None when ``deadline`` passed first (the baton
-    passed on). On success ``task`` holds the local queue's baton. When
-    nobody of this process wants the key, the task takes the baton at once
-    and goes straight to the server (the awaitable is the wait loop itself).
+    The awaitable returns None when ``deadline`` passed first while the lock
+    was held (the baton passed on), and raises redis-py's ``TimeoutError``
+    when the attempt in flight at the deadline got no answer. On success
+    ``task`` holds the local queue's baton. When nobody of this process
+    wants the key, the task takes the baton at once and goes straight to
+    the server (the awaitable is the wait loop itself).
     """
     baseline = task.cancelling()
     queue = lease.queue(task.get_loop())
     if queue.take(task):
-        return _contend(lease, queue, task, policy, deadline, baseline, 0.0, contention)
-    contention.seen = True  # another task of this process had it, or was first in line
-    return _queue_then_contend(lease, queue, task, policy, deadline, blocking, contention)
+        return _contend(lease, queue, task, policy, deadline, baseline, 0.0, call)
+    call.contended = True  # another task of this process had it, or was first in line
+    return _queue_then_contend(lease, queue, task, policy, deadline, blocking, call)
 
 
 async def _queue_then_contend(
@@ -97,7 +107,7 @@ async def _queue_then_contend(
     policy: _backoff.Backoff,
     deadline: float | None,
     blocking: bool,
-    contention: Contention,
+    call: Call,
 ) -> Won | None:
     """Wait in the local queue for the baton, then take what came with it."""
     baseline = task.cancelling()
@@ -113,7 +123,8 @@ async def _queue_then_contend(
         if isinstance(ticket, Undo):
             # A hand-over that was too late, or whose outcome is unknown: take our
             # token back, then contend on the server if there is time left.
-            await lease.undo(ticket.token)
+            ending = deadline is not None and time.monotonic() >= deadline
+            await lease.undo(ticket.token, call if ending else None)
             if deadline is not None and time.monotonic() >= deadline:
                 queue.leave()
                 return None
@@ -121,7 +132,7 @@ async def _queue_then_contend(
         queue.leave()
         raise
     pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
-    return await _contend(lease, queue, task, policy, deadline, baseline, pause, contention)
+    return await _contend(lease, queue, task, policy, deadline, baseline, pause, call)
 
 
 async def _contend(
@@ -132,7 +143,7 @@ async def _contend(
     deadline: float | None,
     baseline: int,
     wait_first: float,
-    contention: Contention,
+    call: Call,
 ) -> Won | None:
     """Try on the server until acquired or past the deadline (we hold the baton).
 
@@ -184,13 +195,12 @@ async def _contend(
                 if waiter is None:
                     waiter = os.urandom(8).hex()
             sent = time.monotonic()
+            marked_until = sent + mark_ms / 1000  # when the marker this attempt raises ends
             # An attempt with a deadline is cut off by a timer: one due at the first
             # renewal, lent to the cut-off, then kept for the holding if it wins.
             timer = None if deadline is None else spare_at(sent + lease.span / 3, task.get_loop())
             try:
-                reply = await lease.attempt(
-                    token, deadline, waiter, mark_ms, task, timer, contention
-                )
+                reply = await lease.attempt(token, deadline, waiter, mark_ms, task, timer, call)
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
                 # deadline allows; without one, for one lease.
@@ -199,11 +209,13 @@ async def _contend(
                 if deadline is None and now - late_since >= lease.ttl:
                     raise late.error from None
                 reply = None
+                unanswered: Exception | None = late.error
             else:
                 late_since = None
+                unanswered = None
             if task.cancelling() > baseline:
                 if reply is not None and reply[0]:
-                    await lease.undo(token)
+                    await lease.undo(token, call)
                 await honour_cancellation(task, baseline)
             now = time.monotonic()
             if reply is not None and reply[0]:
@@ -211,12 +223,21 @@ async def _contend(
                     won = Won(token, sent, reply[1], queue, handed=False, timer=timer)
                     return won
                 # The reply came after the lease it granted had run out: not a lock.
-                await lease.undo(token)
+                call.unanswered = now - sent
+                ending = deadline is not None and now >= deadline
+                await lease.undo(token, call if ending else None)
                 reply = None
             if timer is not None:
                 timer.cancel()
                 timer = None
             if deadline is not None and now >= deadline:
+                if reply is None:
+                    # No verdict: "not acquired" would claim that someone holds it.
+                    raise unanswered or RedisTimeoutError(
+                        f"lock {lease.name!r}: the server did not answer within "
+                        f"{call.unanswered:.2g} s; not acquired, and whether anyone "
+                        "holds it is not known"
+                    )
                 return None
             if reply is not None and reply[1] == RETRY:
                 continue  # the first, bare attempt failed: the full attempt follows at once
@@ -238,9 +259,8 @@ async def _contend(
                 subscription = await lease.subscribe(seen)
             # A pause longer than the marker lives: set it again every half of its life,
             # so that it tells of a live waiter, and a dead one's is gone soon.
-            every = (
-                mark_life / 2 if waiter is not None and delay + MARK_SLACK > mark_life else delay
-            )
+            refresh = waiter is not None and delay + MARK_SLACK > mark_life
+            every = mark_life / 2 if refresh else delay
             end = time.monotonic() + delay
             while True:
                 chunk = max(0.0, min(every, end - time.monotonic()))
@@ -250,10 +270,14 @@ async def _contend(
                 else:
                     news = await subscription.wait(chunk)
                 await honour_cancellation(task, baseline)
-                left = end - time.monotonic()
-                if news or left <= 0 or waiter is None:
-                    break
-                await lease.mark(waiter, to_ms(min(left + MARK_SLACK, mark_life)))
+                now = time.monotonic()
+                if news or now >= end or not refresh:
+                    break  # (a timer may fire a little early: that is the pause's end too)
+                if end + MARK_SLACK > marked_until:  # the marker would die before the pause
+                    life = min(end - now + MARK_SLACK, mark_life)
+                    marked_until = now + life
+                    assert waiter is not None  # noqa: S101 - `refresh` says so
+                    await lease.mark(waiter, to_ms(life), end, task)
     finally:
         if timer is not None and won is None:
             timer.cancel()
@@ -262,6 +286,6 @@ async def _contend(
         if won is None:
             try:
                 if waiter is not None:
-                    await lease.unmark(waiter)
+                    await lease.unmark(waiter, call)
             finally:
                 queue.leave()

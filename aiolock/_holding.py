@@ -37,7 +37,7 @@ from ._cancel import finish, honour_cancellation
 from ._checks import UNSET, Unset, check_bool, check_callback, check_timeout
 from ._contend import Won, obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
-from ._lease import GRACE, Contention, Lease
+from ._lease import GRACE, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo, Yield, yield_wait
 from ._renewal import Holding, keep_alive
@@ -293,7 +293,7 @@ class LeaseLock:
             deadline = None
         else:
             deadline = started + wait
-        contention = Contention()
+        call = Call()
         try:
             won = await obtain(
                 self._lease,
@@ -301,20 +301,20 @@ class LeaseLock:
                 self._backoff,
                 deadline,
                 deadline is None or deadline > started,
-                contention,
+                call,
             )
         except BaseException as exc:
             if observers:
-                self._gave_up(started, contention, exc)
+                self._gave_up(started, call, exc)
             raise
         if won is None:
             if observers:
-                self._gave_up(started, contention, None)
+                self._gave_up(started, call, None)
             return False
         holding = self._hold(task, won)
         if observers:
             self._event(
-                "acquired", holding, waited=time.monotonic() - started, contended=contention.seen
+                "acquired", holding, waited=time.monotonic() - started, contended=call.contended
             )
         return True
 
@@ -680,13 +680,13 @@ class LeaseLock:
             )
         )
 
-    def _gave_up(self, started: float, contention: Contention, error: BaseException | None) -> None:
+    def _gave_up(self, started: float, call: Call, error: BaseException | None) -> None:
         """Report an ``acquire()`` that did not get the lock: it returned False, or raised."""
         self._event(
             "not_acquired",
             None,
             waited=time.monotonic() - started,
-            contended=contention.seen,
+            contended=call.contended,
             error=error,
         )
 

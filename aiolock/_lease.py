@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
@@ -47,7 +48,7 @@ __all__ = [
     "GRACE",
     "NOT_HELD",
     "RETRY",
-    "Contention",
+    "Call",
     "Lease",
     "Reply",
     "ServerLease",
@@ -57,7 +58,7 @@ __all__ = [
 
 logger = logging.getLogger("aiolock")
 
-#: How long an attempt already sent may run past the deadline before it is cut off.
+#: How long a release (or hand-over) may run past the holding's lease end before it is cut off.
 GRACE: Final = 0.1
 #: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
 CLEANUP_BOUND: Final = 1.0
@@ -72,18 +73,35 @@ Reply = tuple[int, int]
 
 
 @final
-class Contention:
-    """What one ``acquire()`` call saw: whether someone else had the lock first.
+class Call:
+    """One ``acquire()`` call: what it saw, and what is left of its cleanup budget.
 
-    Set when the caller queued behind another task of its process, or when an
-    attempt found another holder's key (not when an attempt merely failed:
-    an error, a late reply, replicas that did not acknowledge).
+    :attr:`contended` is set when the caller queued behind another task of
+    its process, or when an attempt found another holder's key (not when an
+    attempt merely failed: an error, a late reply, replicas that did not
+    acknowledge).
+
+    A call that gives up may have cleanup to do on the server: undo an
+    attempt that may have landed, take down its waiting marker. All of it
+    shares one budget (:meth:`cleanup`), so that a server that stopped
+    answering costs the call one cleanup bound, not one per step.
     """
 
-    __slots__ = ("seen",)
+    __slots__ = ("_cleanup_end", "contended", "unanswered")
 
     def __init__(self) -> None:
-        self.seen = False
+        self.contended = False
+        #: How long the latest attempt cut off had waited for its answer (seconds).
+        self.unanswered = 0.0
+        self._cleanup_end: float | None = None
+
+    def cleanup(self, bound: float) -> float:
+        """Seconds left for cleanup: the call's first cleanup starts a budget of ``bound``."""
+        now = time.monotonic()
+        end = self._cleanup_end
+        if end is None:
+            end = self._cleanup_end = now + bound
+        return end - now
 
 
 class Unanswered(Exception):
@@ -156,13 +174,15 @@ class Lease(Protocol):
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
-        contention: Contention,
+        call: Call,
     ) -> Reply | None:
         """One attempt of ``task`` to take the lock with ``token`` for :attr:`ttl`.
 
-        Returns None if it was cut off at the deadline. ``spare`` is a timer
-        the caller lends to the cut-off (see :class:`~aiolock._timers.Cutoff`);
-        ``contention`` is told when the attempt found another holder's key.
+        Returns None if it was cut off: still unanswered when the link's
+        allowance past the deadline ran out. ``spare`` is a timer the caller
+        lends to the cut-off (see :class:`~aiolock._timers.Cutoff`); ``call``
+        is told when the attempt found another holder's key, and its cleanup
+        budget bounds an undo.
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
@@ -185,16 +205,26 @@ class Lease(Protocol):
         """Reset the lease of ``token`` to ``ttl``; False if it is no longer ours."""
         ...
 
-    async def undo(self, token: str) -> None:
-        """Delete the lock if it holds ``token``: shielded, bounded, best effort."""
+    async def undo(self, token: str, call: Call | None = None) -> None:
+        """Delete the lock if it holds ``token``: shielded, bounded, best effort.
+
+        Bounded by ``call``'s cleanup budget when given, else by a budget of its own.
+        """
         ...
 
-    async def unmark(self, waiter: str) -> None:
-        """Take down the waiting marker if ``waiter`` raised it last: shielded, best effort."""
+    async def unmark(self, waiter: str, call: Call | None = None) -> None:
+        """Take down the waiting marker if ``waiter`` raised it last: shielded, best effort.
+
+        Bounded by ``call``'s cleanup budget when given; skipped when it is spent.
+        """
         ...
 
-    async def mark(self, waiter: str, mark_ms: int) -> None:
-        """Raise the waiting marker again for ``mark_ms`` (a long pause); best effort."""
+    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
+        """Raise the waiting marker again for ``mark_ms`` (a long pause); best effort.
+
+        ``task`` (the waiter) is cut off at ``until`` (its pause's end): a
+        server that does not answer never holds up the waiter's next attempt.
+        """
         ...
 
     async def hand_over(
@@ -406,9 +436,9 @@ class ServerLease:
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
-        contention: Contention,
+        call: Call,
     ) -> Reply | None:
-        """Send one acquire attempt of ``task``; None if it was cut off at the deadline.
+        """Send one acquire attempt of ``task``; None if it was cut off past the deadline.
 
         An attempt without a ``waiter`` and without fencing is a bare ``SET NX
         PX``: on an uncontended lock (the common case) it costs a tenth less
@@ -417,9 +447,15 @@ class ServerLease:
         PTTL (and, with ``mark_ms``, raises the waiting marker) in the same
         round trip.
 
+        An attempt still in flight at the deadline is awaited as long as the
+        link needs (:meth:`Wire.allowance <aiolock._wire.Wire.allowance>`),
+        and never past the lease it asks for: a reply after that grants
+        nothing. Before the client's first answer, what the link needs is
+        not known: the whole lease.
+
         Whatever interrupts the attempt (cancellation, a redis-py error, the
-        deadline plus :data:`GRACE`), the ``SET`` may have reached the server,
-        so it is undone with the same token before this returns or raises.
+        cut-off), the ``SET`` may have reached the server, so it is undone
+        with the same token before this returns or raises.
         """
         wire = self.wire
         if wire.cluster:
@@ -431,20 +467,31 @@ class ServerLease:
             if bare
             else self._scripted(token, waiter, mark_ms)
         )
+        sent = time.monotonic()
         try:
             if deadline is None:
                 reply = await sending
             else:
-                with Cutoff(deadline + GRACE, task, spare, lend=True) as cutoff:
+                allowance = wire.allowance()
+                when = sent + self.span
+                if allowance is not None:
+                    when = min(when, max(deadline, sent) + allowance)
+                with Cutoff(when, task, spare, lend=True) as cutoff:
                     reply = await sending
                 if cutoff.expired:
                     reply = None
         except BaseException:
-            await self.undo(token)
+            await self.undo(token, call)
             raise
         if reply is None:
-            await self.undo(token)
+            call.unanswered = time.monotonic() - sent
+            # Cut off: past the deadline the call is ending, and this is its cleanup;
+            # before it (a lease shorter than the wait), a routine undo.
+            ending = deadline is not None and time.monotonic() >= deadline
+            await self.undo(token, call if ending else None)
             return None
+        if not self._replicas:  # WAIT's time is the replicas', not the link's
+            wire.observe(time.monotonic() - sent)
         answer: Reply
         if reply is True:
             answer = (1, 0)
@@ -453,7 +500,7 @@ class ServerLease:
         else:
             answer = reply
         if not answer[0] and answer[1] != NOT_HELD:
-            contention.seen = True
+            call.contended = True
         return answer
 
     async def _scripted(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
@@ -494,12 +541,17 @@ class ServerLease:
             return (0, NOT_HELD)
         return (int(taken[0]), int(taken[1]))
 
-    async def unmark(self, waiter: str) -> None:
+    async def unmark(self, waiter: str, call: Call | None = None) -> None:
         """Take down the waiting marker if it is ours: shielded, bounded, best effort."""
-        try:
-            await run_shielded(
-                lambda: self.wire.run(UNMARK, (self.keys.marker,), (waiter,)), self._cleanup
+        bound = self._cleanup if call is None else call.cleanup(self._cleanup)
+        if bound <= 0:
+            logger.debug(
+                "no time left to take down the waiting marker of %r (it expires by itself)",
+                self.name,
             )
+            return
+        try:
+            await run_shielded(lambda: self.wire.run(UNMARK, (self.keys.marker,), (waiter,)), bound)
         except Exception as exc:
             logger.debug(
                 "could not take down the waiting marker of %r: %r (it expires by itself)",
@@ -507,10 +559,16 @@ class ServerLease:
                 exc,
             )
 
-    async def mark(self, waiter: str, mark_ms: int) -> None:
-        """Set the waiting marker to ``waiter`` for ``mark_ms`` again; an error is only logged."""
+    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
+        """Set the waiting marker to ``waiter`` for ``mark_ms`` again, cut off at ``until``.
+
+        An error or a cut-off is only logged: the marker expires by itself.
+        """
         try:
-            await self.wire.set_px(self.keys.marker, waiter, mark_ms)
+            with Cutoff(until, task) as cutoff:
+                await self.wire.set_px(self.keys.marker, waiter, mark_ms)
+            if cutoff.expired:
+                logger.debug("no answer in time to raise the waiting marker of %r again", self.name)
         except Exception as exc:
             logger.debug(
                 "could not raise the waiting marker of %r again: %r (it expires by itself)",
@@ -518,10 +576,14 @@ class ServerLease:
                 exc,
             )
 
-    async def undo(self, token: str) -> None:
+    async def undo(self, token: str, call: Call | None = None) -> None:
         """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        bound = self._cleanup if call is None else call.cleanup(self._cleanup)
+        if bound <= 0:
+            logger.debug("no time left to undo an attempt on %r (the lease expires it)", self.name)
+            return
         try:
-            await run_shielded(lambda: self.delete(token), self._cleanup)
+            await run_shielded(lambda: self.delete(token), bound)
         except Exception as exc:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc
@@ -552,6 +614,7 @@ class ServerLease:
             redis.exceptions.TimeoutError: no answer before ``until`` (the
                 lease end): the server expires the key by itself.
         """
+        sent = time.monotonic()
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
                 deleted = bool(
@@ -565,11 +628,15 @@ class ServerLease:
                 f"releasing lock {self.name!r}: no answer before its lease ended; "
                 "the server expires the key by itself"
             )
+        self.wire.observe(time.monotonic() - sent)
         return deleted
 
     async def extend(self, token: str, ttl: float) -> bool:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
-        return bool(await self.wire.run(EXTEND, (self.key,), (token, to_ms(ttl))))
+        sent = time.monotonic()
+        extended = bool(await self.wire.run(EXTEND, (self.key,), (token, to_ms(ttl))))
+        self.wire.observe(time.monotonic() - sent)
+        return extended
 
     async def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool

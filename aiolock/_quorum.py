@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._checks import MAX_SECONDS, check_seconds, too_long
-from ._lease import NOT_HELD, Contention, Reply, ServerLease, Unanswered
+from ._lease import NOT_HELD, Call, Reply, ServerLease, Unanswered
 from ._queue import LocalQueue, queue_for
 from ._timers import Timer
 from ._types import Client
@@ -152,8 +152,12 @@ class QuorumLease:
 
     # -- node calls --------------------------------------------------------------------
 
-    async def _on_every_node(self, command: _Command, *, patient: bool) -> list[object]:
+    async def _on_every_node(
+        self, command: _Command, *, patient: bool, limit: float | None = None
+    ) -> list[object]:
         """Run ``command(node)`` on every node at once, each within ``node_timeout``.
+
+        ``limit`` (seconds), when given and shorter, bounds the calls instead.
 
         Returns one outcome per node, in order: the reply, or the exception
         the call raised (a node that did not answer in time gives a
@@ -165,7 +169,8 @@ class QuorumLease:
         """
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(_call(command, node)) for node in self._nodes]
-        deadline = time.monotonic() + self._node_timeout
+        bound = self._node_timeout if limit is None else min(limit, self._node_timeout)
+        deadline = time.monotonic() + bound
         interrupted: asyncio.CancelledError | None = None
         while pending := [t for t in tasks if not t.done()]:
             wait = deadline - time.monotonic()
@@ -187,6 +192,8 @@ class QuorumLease:
                     _NodeLate(
                         f"Redlock node {index} ({address(self._nodes[index].wire.client)}) "
                         f"did not answer within node_timeout ({self._node_timeout:g} s)"
+                        if bound == self._node_timeout
+                        else f"did not answer within the call's cleanup budget ({bound:.3g} s)"
                     )
                 )
             else:
@@ -195,9 +202,19 @@ class QuorumLease:
             raise interrupted
         return outcomes
 
-    async def undo(self, token: str) -> None:
-        """Delete ``token``'s key from every node: finishes even if cancelled, bounded."""
-        outcomes = await self._on_every_node(lambda node: node.delete(token), patient=True)
+    async def undo(self, token: str, call: Call | None = None) -> None:
+        """Delete ``token``'s key from every node: finishes even if cancelled, bounded.
+
+        Each node call is bounded by ``node_timeout``, and by ``call``'s
+        cleanup budget when given.
+        """
+        limit = None if call is None else call.cleanup(self._node_timeout)
+        if limit is not None and limit <= 0:
+            logger.debug("no time left to clear an attempt on %r (the lease expires it)", self.name)
+            return
+        outcomes = await self._on_every_node(
+            lambda node: node.delete(token), patient=True, limit=limit
+        )
         failed = [o for o in outcomes if isinstance(o, Exception)]
         if failed:
             logger.debug(
@@ -207,10 +224,10 @@ class QuorumLease:
                 failed[-1],
             )
 
-    async def unmark(self, waiter: str) -> None:
+    async def unmark(self, waiter: str, call: Call | None = None) -> None:
         """No waiting marker on a quorum."""
 
-    async def mark(self, waiter: str, mark_ms: int) -> None:
+    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
         """No waiting marker on a quorum."""
 
     # -- acquire -----------------------------------------------------------------------
@@ -223,7 +240,7 @@ class QuorumLease:
         mark_ms: int,
         task: asyncio.Task[Any],
         spare: Timer | None,
-        contention: Contention,
+        call: Call,
     ) -> Reply:
         """One attempt on every node: ``(1, 0)`` if it won, else ``(0, -1 or NOT_HELD)``.
 
@@ -241,17 +258,17 @@ class QuorumLease:
         try:
             outcomes = await self._on_every_node(lambda node: node.take(token), patient=True)
         except BaseException:
-            await self.undo(token)
+            await self.undo(token, call)
             raise
         elapsed = time.monotonic() - sent
         granted = sum(1 for o in outcomes if o is True)
         held_elsewhere = any(o is False for o in outcomes)
         if held_elsewhere:
-            contention.seen = True  # a node had another holder's key, even if we won
+            call.contended = True  # a node had another holder's key, even if we won
         validity = ttl - elapsed - drift(ttl)
         if granted >= self.quorum and validity > 0:
             return (1, 0)
-        await self.undo(token)
+        await self.undo(token)  # a lost attempt: routine, with a budget of its own
         failed = [o for o in outcomes if isinstance(o, Exception)]
         if len(failed) == len(outcomes):
             late = [o for o in failed if isinstance(o, _NodeLate)]

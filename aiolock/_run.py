@@ -14,16 +14,18 @@ Exit statuses (``sysexits.h`` where one fits, the shell's otherwise):
 N      ``run``: the command's own exit status, passed through.
 2      bad usage (a wrong option, an empty name, a malformed URL).
 3      ``status``: the lock is free (like ``systemctl is-active``).
-69     the server could not be reached or answered with an error
-       (``EX_UNAVAILABLE``). ``run``: before the lock was acquired (the
-       command did not run), or when releasing it after the command had
-       ended (the lock then expires within ``--ttl``).
+69     the server could not be reached, answered with an error, or did
+       not answer in time (``EX_UNAVAILABLE``). ``run``: before the lock
+       was acquired (the command did not run; "the server did not answer
+       within S s" when the attempt in flight at the deadline got no
+       answer), or when releasing it after the command had ended (the
+       lock then expires within ``--ttl``).
 70     ``run``: the lock was lost (``EX_SOFTWARE``): while the command ran
        (it was sent SIGTERM, then SIGKILL after ``--grace`` seconds); before
        the command started (it was not run); or found at the release, after
        the command had ended (nothing was terminated).
-75     ``run``: the lock was not acquired in time; the command did not run
-       (``EX_TEMPFAIL``).
+75     ``run``: the lock was held by someone else until the deadline; the
+       command did not run (``EX_TEMPFAIL``).
 126    ``run``: the command was found but could not be executed.
 127    ``run``: the command was not found.
 128+N  ``run``: the command died of signal N (or ``aiolock run`` itself got
@@ -100,6 +102,8 @@ __all__ = [
     "FORWARDED_SIGNALS",
     "RunConfig",
     "StatusConfig",
+    "bad_url_message",
+    "check_url",
     "redact_url",
     "resolve_url",
     "run_command",
@@ -305,6 +309,20 @@ def _connect(url: str, cluster: bool) -> Client:
     return client
 
 
+def check_url(url: str, cluster: bool = False) -> None:
+    """Check a server URL's options without connecting.
+
+    Raises:
+        ValueError: an option redis-py does not take or cannot use (named).
+    """
+    _connect(url, cluster)
+
+
+def bad_url_message(exc: ValueError, url: str) -> str:
+    """The one line that reports a bad server URL (exit status 2), without the password."""
+    return f"aiolock: bad server URL {redact_url(url)}: {_describe(exc, url)}"
+
+
 def _option_problem(exc: Exception, url: str) -> str:
     """What is wrong with the URL's options, given what building a client raised.
 
@@ -423,9 +441,7 @@ class _Job:
         try:
             client = _connect(config.url, config.cluster)
         except ValueError as exc:
-            self.say(
-                f"aiolock: bad server URL {redact_url(config.url)}: {_describe(exc, config.url)}"
-            )
+            self.say(bad_url_message(exc, config.url))
             return EX_USAGE
         loop = asyncio.get_running_loop()
         # A signal ignored from the start (nohup, a shell's background job) stays ignored.
@@ -704,7 +720,7 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
         client = _connect(config.url, config.cluster)
     except ValueError as exc:
         print(
-            f"aiolock: bad server URL {redact_url(config.url)}: {_describe(exc, config.url)}",
+            bad_url_message(exc, config.url),
             file=err,
         )
         return EX_USAGE

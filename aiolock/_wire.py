@@ -17,7 +17,7 @@ becomes redis-py's ``ConnectionError``; other errors pass unchanged.
 
 from __future__ import annotations
 
-from typing import Any, final
+from typing import Any, Final, final
 
 from redis.asyncio import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,7 +26,10 @@ from redis.exceptions import NoScriptError
 from ._scripts import Script
 from ._types import Client
 
-__all__ = ["Wire", "translated"]
+__all__ = ["MIN_ALLOWANCE", "Wire", "translated"]
+
+#: The least time an answer is given past a deadline, however fast the link has been.
+MIN_ALLOWANCE: Final = 0.1
 
 
 def translated(exc: RuntimeError) -> BaseException:
@@ -40,13 +43,42 @@ def translated(exc: RuntimeError) -> BaseException:
 
 @final
 class Wire:
-    """The commands of one client (a plain one or a cluster), errors translated."""
+    """The commands of one client (a plain one or a cluster), errors translated.
 
-    __slots__ = ("client", "cluster")
+    It also learns how long the link takes to answer (:meth:`observe`,
+    :meth:`allowance`): an attempt in flight at its caller's deadline is
+    awaited that long, so that a slow link is not taken for contention.
+    """
+
+    __slots__ = ("_rttvar", "_srtt", "client", "cluster")
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        self._srtt: float | None = None  # smoothed round trip, seconds
+        self._rttvar = 0.0  # its smoothed deviation
+
+    def observe(self, seconds: float) -> None:
+        """Count one command's round trip (smoothed as TCP does, RFC 6298)."""
+        srtt = self._srtt
+        if srtt is None:
+            self._srtt = seconds
+            self._rttvar = seconds / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(srtt - seconds)
+            self._srtt = 0.875 * srtt + 0.125 * seconds
+
+    def allowance(self) -> float | None:
+        """How long an answer may take on this link; None before the first one came.
+
+        Twice the smoothed round trip plus four deviations, at least
+        :data:`MIN_ALLOWANCE`. The first round trips of a client include
+        its connection's set-up, so the estimate starts high and comes down.
+        """
+        srtt = self._srtt
+        if srtt is None:
+            return None
+        return max(MIN_ALLOWANCE, 2 * srtt + 4 * self._rttvar)
 
     async def ready(self) -> None:
         """Load a cluster's slot map before the first command (at once once loaded).

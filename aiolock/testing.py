@@ -82,6 +82,8 @@ _CLUSTER_MAX_PORT: Final = 65535 - 10000
 _START_ATTEMPTS: Final = 5
 _PING: Final = b"*1\r\n$4\r\nPING\r\n"
 _INFO_SERVER: Final = b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n"
+#: What Redis and Valkey log once they listen.
+_READY_LINE: Final = "Ready to accept connections"
 _LOG_KEEP_BYTES: Final = 64 * 1024
 _CONFIG_FILE: Final = "server.conf"
 
@@ -185,6 +187,23 @@ def server_version(binary: str | None = None) -> str:
     if not text:
         raise RuntimeError(f"{binary} --version printed nothing (exit code {done.returncode})")
     return text
+
+
+_debug_options: dict[str, tuple[str, ...]] = {}
+
+
+def _debug_command_option(binary: str) -> tuple[str, ...]:
+    """``--enable-debug-command local`` where the binary knows it (Redis 7+, every Valkey).
+
+    Redis 6.2 refuses to start with an option it does not know.
+    """
+    option = _debug_options.get(binary)
+    if option is None:
+        name, _, version = server_version(binary).partition(" ")
+        major = version.split(".")[0]
+        old = name == "redis" and major.isdigit() and int(major) < 7
+        option = _debug_options[binary] = () if old else ("--enable-debug-command", "local")
+    return option
 
 
 def _port_is_free(host: str, port: int) -> bool:
@@ -340,8 +359,9 @@ class RedisServer:
 
     The server runs with persistence disabled (``--save "" --appendonly no``),
     its own temporary working directory and log file,
-    ``--repl-diskless-sync-delay 0`` (replicas sync at once) and
-    ``--enable-debug-command local``; the caller's ``args`` are appended, so
+    ``--repl-diskless-sync-delay 0`` (replicas sync at once) and, where the
+    binary knows it (not Redis 6), ``--enable-debug-command local``; the
+    caller's ``args`` are appended, so
     ``args=["--cluster-enabled", "yes"]`` makes a cluster node (its port is
     then chosen <= 55535 so that the bus port ``port + 10000`` is valid).
     With ``config`` the text is written to a configuration file in the working
@@ -445,8 +465,7 @@ class RedisServer:
             os.path.join(workdir, "server.log"),
             "--repl-diskless-sync-delay",
             "0",
-            "--enable-debug-command",
-            "local",
+            *_debug_command_option(self.binary),
             *self.args,
         ]
 
@@ -550,6 +569,10 @@ class RedisServer:
                         return
                     self._foreign_answer = True
                     last_error = "another process answers on this port"
+                elif reply.startswith(b"-NOAUTH") and _READY_LINE in self.log_tail(200):
+                    # A server started with --requirepass answers only after AUTH;
+                    # its own log file (in our working directory) says it is ours.
+                    return
                 else:
                     last_error = reply.decode(errors="replace")
             except (OSError, ValueError) as exc:

@@ -9,6 +9,7 @@ marker files that the test waits for, instead of sleeping.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import importlib.metadata
@@ -16,6 +17,7 @@ import itertools
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -23,12 +25,13 @@ import termios
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from signal import Signals
 
 import pytest
 import redis
+from faultproxy import FaultProxy
 
 from aiolock._keys import Keys
 from aiolock._run import redact_url, unavailable_message
@@ -886,7 +889,10 @@ BAD_URL_OPTIONS = [
 def test_a_bad_url_option_exits_2_naming_it_without_a_traceback(
     cli: Cli, server: RedisServer, name: str, key: str, db: redis.Redis
 ) -> None:
-    """Issue 17: a URL option redis-py does not take or cannot use: exit 2, one line naming it."""
+    """Issue 17: a URL option redis-py does not take or cannot use: exit 2, one line naming it.
+
+    For ``run``, ``status`` and ``demo`` (whose bad URL ended in a traceback, exit 1).
+    """
     base = server.url.replace("redis://", "redis://user:secret@")
     jobs = [
         (url, option, cli.start(*args))
@@ -896,6 +902,7 @@ def test_a_bad_url_option_exits_2_naming_it_without_a_traceback(
             ("status", "--url", url, name),
             ("run", "--cluster", "--url", url, name, "--", "true"),
             ("status", "--cluster", "--url", url, name),
+            ("demo", "--url", url, "--processes", "1", "--coroutines", "1", "--rounds", "1"),
         ]
     ]
     for url, option, job in jobs:
@@ -984,3 +991,59 @@ def test_the_distribution_declares_the_console_script() -> None:
     )
     assert result.returncode == 0, result
     assert result.stdout.startswith("aiolock ")
+
+
+async def _aiolock(url: str, *args: str) -> Result:
+    """Run ``aiolock ARGS`` against ``url`` without blocking the loop (a proxy runs in it)."""
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aiolock",
+        *args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "AIOLOCK_URL": url},
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), PROCESS_BOUND)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        pytest.fail(f"aiolock {args} did not finish within {PROCESS_BOUND} s")
+    assert proc.returncode is not None
+    return Result(proc.returncode, stdout.decode(), stderr.decode(), time.monotonic() - started)
+
+
+async def test_over_a_slow_link_run_takes_a_free_lock_and_silence_exits_69(
+    server: RedisServer,
+    start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]],
+    name: str,
+    db: redis.Redis,
+) -> None:
+    """Regression (issue 17): a slow link is not "held by someone"; no answer exits 69.
+
+    Through 50 ms each way, ``run -n`` on a free lock printed "held by someone
+    else; did not wait" and exited 75: its first attempt (which also sets up
+    the connection) was cut off 0.1 s past the deadline. Through a link that
+    answers nothing, it said the same. Now the first runs its command, and the
+    second exits 69 with one line saying the server did not answer, within
+    the lease (--ttl) and one cleanup budget.
+    """
+    proxy = await start_proxy(server)
+    proxy.set_latency(0.05)
+    ran = await _aiolock(proxy.url, "run", "-n", name, "--", sys.executable, "-c", "print('ran')")
+    assert ran.returncode == 0, ran
+    assert ran.stdout == "ran\n"
+    assert ran.stderr == ""
+
+    proxy.black_hole()
+    silent = await _aiolock(proxy.url, "run", "-n", "--ttl", "1", name, "--", "true")
+    assert silent.returncode == 69, silent
+    assert len(silent.error_lines) == 1, silent
+    assert re.search(r"the server did not answer within 1(\.\d)? s", silent.stderr), silent
+    # The lease (1 s: no answer yet, so what the link needs is unknown), then one cleanup
+    # budget of min(ttl, 1 s); plus the interpreter's start.
+    assert silent.elapsed < 2.0 + 2.0, silent
+    assert db.keys(f"*{name}*") == []

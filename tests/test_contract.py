@@ -21,15 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as redis
 from faultproxy import FaultProxy
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
     CALLBACK_KINDS,
     LossRecorder,
@@ -42,6 +46,7 @@ from support import (
     eventually,
     finish,
     in_use_connections,
+    keys_of,
     kinds,
     listeners_gone,
     names,
@@ -65,6 +70,7 @@ from aiolock import (
     backoff,
 )
 from aiolock._checks import MAX_MS, MAX_SECONDS
+from aiolock._queue import MARK_CAP
 from aiolock.testing import RedisServer
 
 #: A lock under the contract (a new primitive joins this union).
@@ -78,6 +84,9 @@ REDLOCK_NODES = 3
 
 #: Scheduling slack for timing bounds (2 loaded cores, two loop flavours).
 SLACK = 0.25
+
+#: The project's root (the waiter subprocess imports aiolock from there).
+ROOT = Path(__file__).resolve().parent.parent
 
 NAN = float("nan")
 INF = float("inf")
@@ -132,15 +141,21 @@ class Subject:
         *,
         process: int = 0,
         clients: list[redis.Redis] | None = None,
+        node_timeout: float | None = None,
         **options: Any,
     ) -> Lock:
-        """The primitive on ``name`` (the test's by default), in "process" ``process``."""
+        """The primitive on ``name`` (the test's by default), in "process" ``process``.
+
+        ``node_timeout`` is for primitives over a quorum of servers; the others ignore it.
+        """
         on = clients if clients is not None else self.process(process)
         lock_name: Any = self.name if name is _TEST_NAME else name
         if self.kind == "AsyncLock":
             return AsyncLock(on[0], lock_name, **options)
         ttl = options.get("ttl", 10.0)
-        if isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < INF:
+        if node_timeout is not None:
+            options["node_timeout"] = node_timeout
+        elif isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < INF:
             # A node limit with room for a loaded machine and for the pauses below.
             options.setdefault("node_timeout", min(1.0, ttl / 3))
         return Redlock(on, lock_name, **options)
@@ -381,6 +396,208 @@ async def test_async_with_timeout_raises_acquire_timeout(subject: Subject) -> No
     assert await holder.owned()
     assert await subject.values(holder.key) == holder_tokens
     await holder.release()
+
+
+# --- a slow link, a server that stops answering (issue 17) ----------------------------------------
+
+
+async def slow_clients(
+    subject: Subject, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]], each_way: float
+) -> tuple[list[FaultProxy], list[redis.Redis]]:
+    """Fresh clients (never connected) reaching every server through a proxy of its own."""
+    proxies = [await start_proxy(s) for s in subject.servers]
+    for p in proxies:
+        p.set_latency(each_way)
+    return proxies, subject.connect([p.url for p in proxies])
+
+
+@pytest.mark.parametrize("each_way", [0.05, 0.1])
+async def test_a_free_lock_is_acquired_over_a_slow_link(
+    subject: Subject,
+    start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]],
+    each_way: float,
+) -> None:
+    """Regression (issue 17): 50 ms and 100 ms each way, a free lock is taken with no wait.
+
+    Before, the attempt in flight was cut off 0.1 s past the deadline, so
+    ``acquire(blocking=False)`` and ``acquire(timeout=0.05)`` on a lock that
+    nobody held returned False ("held by someone") from a fresh client
+    (whose first command also sets up its connection: about four round
+    trips). Now the attempt is awaited as long as the link needs, and a
+    lock that is held is still reported held, in about a round trip or two.
+    """
+    rtt = 2 * each_way
+    for how in ({"blocking": False}, {"timeout": 0.05}):
+        _, slow = await slow_clients(subject, start_proxy, each_way)
+        lock = subject.make_lock(clients=slow, ttl=10.0, node_timeout=10 * rtt)
+        started = time.monotonic()
+        assert await lock.acquire(**how), f"a free lock was not acquired with {how}"
+        took = time.monotonic() - started
+        assert took >= rtt, f"took {took:.3f} s: the link was not slow"
+        await lock.release()
+    holder = subject.make_lock(process=1, ttl=10.0)
+    assert await holder.acquire()
+    for how in ({"blocking": False}, {"timeout": 0.05}):
+        _, slow = await slow_clients(subject, start_proxy, each_way)
+        lock = subject.make_lock(clients=slow, ttl=10.0, node_timeout=10 * rtt)
+        assert await lock.acquire(**how) is False, f"a held lock was acquired with {how}"
+        # Warm now: a held lock is answered in a round trip or two (the attempt and its PTTL).
+        started = time.monotonic()
+        assert await lock.acquire(**how) is False
+        took = time.monotonic() - started
+        assert took < 2 * rtt + SLACK, f"a held lock took {took:.3f} s to be reported with {how}"
+    await holder.release()
+
+
+#: How long past its deadline each fault lets an ``acquire()`` run, by primitive (ttl
+#: 1 s): AsyncLock: the link's allowance (0.1 s on loopback), then one cleanup budget
+#: of min(ttl, 1 s). Redlock (node_timeout ttl/3): the attempt in flight at the
+#: deadline, then its cleanup, each within node_timeout.
+NO_ANSWER_OVERRUN = {"AsyncLock": 0.1 + 1.0, "Redlock": 2 * 1.0 / 3}
+
+
+@pytest.mark.parametrize("fault", ["black hole", "SIGSTOP"])
+async def test_a_server_that_stops_answering_mid_wait_is_told_within_the_bound(
+    subject: Subject,
+    start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]],
+    fault: str,
+) -> None:
+    """Regression (issue 17): no answer at the deadline is redis-py's TimeoutError, in time.
+
+    The lock is held elsewhere; 0.2 s into ``acquire(timeout=1.0)`` the
+    server(s) stop answering: every byte dropped by a proxy, or the server
+    processes SIGSTOPped. Before, ``acquire(timeout=0.5)`` returned False
+    ("held") after 2.6 s: the undo and the marker's removal each took the
+    whole cleanup bound. Now the call's cleanup shares one budget, and the
+    answer says that the server did not answer. (Found on the way: raising
+    the waiting marker again during a long pause was not cut off, and held
+    the call up for seconds.)
+    """
+    holder = subject.make_lock(process=1, ttl=30.0)
+    assert await holder.acquire()
+    if fault == "black hole":
+        proxies, clients = await slow_clients(subject, start_proxy, 0.0)
+    else:
+        proxies, clients = [], subject.connect()
+    # The pause to the deadline outlives the marker (min(ttl, 2 s)): the waiter raises it
+    # again after 0.5 s, into the silent server (that, too, must not hold the call up).
+    waiter = subject.make_lock(clients=clients, ttl=1.0, backoff=backoff.constant(5))
+    assert await waiter.acquire(blocking=False) is False  # connected, the link measured
+    stopped: list[RedisServer] = []
+    try:
+        started = time.monotonic()
+        task = asyncio.ensure_future(waiter.acquire(timeout=1.0))
+        await asyncio.sleep(0.2)
+        if fault == "black hole":
+            for p in proxies:
+                p.black_hole()
+        else:
+            for srv in subject.servers:
+                srv.pause()
+                stopped.append(srv)
+        faulted = time.monotonic() - started
+        assert faulted < 0.8, f"the fault came late ({faulted:.3f} s)"
+        assert not task.done()
+        with pytest.raises(RedisTimeoutError, match="did not answer within"):
+            await task
+        took = time.monotonic() - started
+        bound = 1.0 + NO_ANSWER_OVERRUN[subject.kind]
+        assert 1.0 <= took <= bound + SLACK, f"acquire(timeout=1.0) took {took:.3f} s"
+    finally:
+        for srv in stopped:
+            srv.resume()
+    assert await holder.owned()
+    await holder.release()
+    # Whatever the stopped servers ran late, and the marker the call had no time to
+    # take down, expire by themselves: within the marker's cap.
+    await eventually(_none_left(subject), "the waiter's keys to expire", timeout=MARK_CAP + SLACK)
+
+
+# --- a waiter killed mid-backoff (issue 17) ------------------------------------------------------
+
+#: A waiter in a process of its own: 30 s backoff steps; says "waiting" just before it waits.
+DEAD_WAITER = """
+import asyncio, sys
+import redis.asyncio as redis
+from aiolock import AsyncLock, Redlock, backoff
+async def main(kind, name, *urls):
+    clients = [redis.Redis.from_url(u) for u in urls]
+    if kind == "AsyncLock":
+        lock = AsyncLock(clients[0], name, ttl=10.0, backoff=backoff.constant(30))
+    else:
+        lock = Redlock(clients, name, ttl=10.0, node_timeout=1.0, backoff=backoff.constant(30))
+    print("waiting", flush=True)
+    await lock.acquire()
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def acquisitions_in(locks: list[Lock], seconds: float) -> int:
+    """How many acquire/release cycles ``locks`` (one coroutine each) complete in ``seconds``."""
+    done = 0
+    end = time.monotonic() + seconds
+
+    async def cycle(lock: Lock) -> None:
+        nonlocal done
+        while time.monotonic() < end:
+            if await lock.acquire(timeout=max(0.0, end - time.monotonic())):
+                await lock.release()
+                done += 1
+
+    await asyncio.gather(*(cycle(lock) for lock in locks))
+    return done
+
+
+async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most(
+    subject: Subject,
+) -> None:
+    """Regression (issue 17): SIGKILL a waiter in a 30 s step; nothing of it outlives 2 s.
+
+    The holder releases as the waiter dies. What the waiter left on the
+    server (its waiting marker, where the primitive has one) is gone within
+    ``min(ttl, 2 s)`` + 1 s of the release, and then 10 coroutines of
+    another process get at least half the acquisitions per second they got
+    before the waiter came. Before, the marker lived for the whole step
+    (30 s), and that process's local runs kept yielding to the dead waiter
+    (1,934 acquisitions/s fell to ~400).
+    """
+    workers = [subject.make_lock(ttl=10.0) for _ in range(10)]
+    baseline = await acquisitions_in(workers, 0.5)
+    assert baseline > 0
+    holder = workers[0]
+    assert await holder.acquire()
+    waiter = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        DEAD_WAITER,
+        subject.kind,
+        subject.name,
+        *(s.url for s in subject.servers),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert waiter.stdout is not None
+        line = await asyncio.wait_for(waiter.stdout.readline(), 10)
+        assert line == b"waiting\n"
+        await asyncio.sleep(0.5)  # its first attempt failed; it is in its 30 s step
+        if subject.kind == "AsyncLock":
+            marker = keys_of(holder).marker
+            assert await subject.admins[0].exists(marker), "the waiter raised no marker"
+        waiter.kill()
+        await waiter.wait()
+    finally:
+        if waiter.returncode is None:
+            waiter.kill()
+            await waiter.wait()
+        await holder.release()
+    released = time.monotonic()
+    await eventually(_none_left(subject), "the dead waiter's keys to expire", timeout=3.0 + SLACK)
+    assert time.monotonic() - released <= min(10.0, MARK_CAP) + 1.0
+    after = await acquisitions_in(workers, 0.5)
+    assert after >= baseline / 2, (
+        f"{after} acquisitions in 0.5 s after the death, {baseline} before"
+    )
 
 
 # --- ownership inside a process (§6) -------------------------------------------------------------

@@ -41,7 +41,9 @@ import pytest
 import redis.asyncio as redis
 import support
 from faultproxy import FaultProxy
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import all_keys, eventually, in_use_connections, keys_of, listeners_gone, other_tasks
 
 from aiolock import AsyncLock, LockError, LockLostError, backoff
@@ -1397,3 +1399,39 @@ async def test_a_hand_over_cut_off_at_the_lease_end_is_taken_back_by_the_heir(
         await heir.release()
     finally:
         await cancel_all([leaving, waiting])
+
+
+async def test_a_dead_server_is_an_error_at_once_or_no_answer_by_the_deadline(
+    private_server: Callable[..., RedisServer], name: str
+) -> None:
+    """The server killed: never ``False`` ("held"), and never past the documented bound.
+
+    A client made with ``Redis.from_url`` (no retries) gets redis-py's
+    ``ConnectionError`` at once. One made with ``Redis(host=..., port=...)``
+    retries for about 3.6 s: its attempt at ``acquire(timeout=0.5)`` is cut
+    off at the deadline plus the link's allowance (0.1 s on loopback), its
+    undo gets the call's one cleanup budget (``min(ttl, 1 s)``), and the
+    call raises redis-py's ``TimeoutError`` ("did not answer"): 1.6 s, the
+    figure docs/failure-modes.md gives. Before, it returned ``False``.
+    """
+    srv = private_server()
+    plain = redis.Redis.from_url(srv.url)
+    retrying = redis.Redis(host=srv.host, port=srv.port)
+    try:
+        locks = [AsyncLock(c, name, ttl=10.0) for c in (plain, retrying)]
+        for lock in locks:  # warm: the link is known
+            assert await lock.acquire()
+            await lock.release()
+        srv.stop()
+        started = time.monotonic()
+        with pytest.raises(RedisConnectionError):
+            await locks[0].acquire(timeout=0.5)
+        assert time.monotonic() - started < 0.5
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError, match=r"did not answer within 0\.6\d* s"):
+            await locks[1].acquire(timeout=0.5)
+        took = time.monotonic() - started
+        assert 0.6 <= took <= 0.5 + 0.1 + 1.0 + SLACK, f"acquire(timeout=0.5) took {took:.3f} s"
+    finally:
+        await plain.aclose()
+        await retrying.aclose()

@@ -25,7 +25,17 @@ import pytest
 import redis.asyncio as redis
 from faultproxy import FaultProxy
 from redis.crc import key_slot
-from support import CriticalSection, all_keys, calls, connections_made, in_use_connections, keys_of
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from support import (
+    CriticalSection,
+    all_keys,
+    calls,
+    connected,
+    connections_made,
+    eventually,
+    in_use_connections,
+    keys_of,
+)
 
 import aiolock
 from aiolock import AsyncLock, LockError, LockNotOwnedError, backoff
@@ -604,16 +614,56 @@ async def test_uncontended_cycles_do_not_leak_connections(
 async def test_a_grant_that_arrives_after_its_lease_is_not_a_lock(
     proxy: FaultProxy, proxied: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """A reply slower than the lease it grants is undone and counts as a failed attempt."""
+    """A reply slower than the lease it grants is undone, and is no answer.
+
+    The attempt is cut off at its lease end (a later grant would have run
+    out already): at the deadline the server has not answered in time,
+    which is not "held" (``False``) but redis-py's ``TimeoutError``.
+    """
     await proxied.ping()  # the connection is ready; now every reply comes 0.15 s late
     proxy.set_latency(0.15)
     lock = AsyncLock(proxied, name, ttl=0.1)
-    assert not await lock.acquire(timeout=0.5)
+    with pytest.raises(RedisTimeoutError, match="did not answer within"):
+        await lock.acquire(timeout=0.5)
     assert not lock.lost
     assert await admin.exists(lock.key) == 0
     proxy.pass_through()
     assert await lock.acquire(timeout=1.0)  # a fast enough server: held as usual
     await lock.release()
+
+
+@pytest.mark.parametrize(("each_way", "acquired"), [(0.1, True), (0.15, False)])
+async def test_a_fresh_client_needs_four_round_trips_within_the_lease(
+    proxy: FaultProxy, admin: redis.Redis, name: str, each_way: float, acquired: bool
+) -> None:
+    """Before its first answer a client's attempt may take the whole lease, and no more.
+
+    Its first command also sets up the connection: with redis-py 8.1 about
+    four round trips in all. With ``ttl=1``: at 0.2 s round trips (0.8 s) a
+    free lock is taken; at 0.3 s (1.2 s) the attempt is cut off at the lease
+    end, undone, and the call says the server did not answer (the documented
+    rule: the defaults, ``ttl=10``, tolerate 2.5 s round trips from a fresh
+    client).
+    """
+    proxy.set_latency(each_way)
+    async with connected(proxy.url) as fresh:
+        # No renewal, no release: at 0.8 s little of the lease is left for either.
+        lock = AsyncLock(fresh, name, ttl=1.0, auto_renew=False)
+        started = time.monotonic()
+        if acquired:
+            assert await lock.acquire(blocking=False)
+            assert time.monotonic() - started >= 4 * 2 * each_way
+        else:
+            with pytest.raises(RedisTimeoutError, match=r"did not answer within 1(\.\d)? s"):
+                await lock.acquire(blocking=False)
+            took = time.monotonic() - started
+            # The lease, then the one cleanup budget (min(ttl, 1 s)).
+            assert 1.0 <= took <= 2.0 + 0.25, f"took {took:.3f} s"  # 0.25 s: scheduling
+
+    async def none_left() -> bool:
+        return await admin.exists(lock.key) == 0
+
+    await eventually(none_left, "the key to be gone (undone, or expired)", timeout=2.0)
 
 
 class RecordingConnection(redis.Connection):

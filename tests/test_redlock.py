@@ -255,8 +255,13 @@ async def test_renews_and_releases_with_two_nodes_down(nodes: Nodes) -> None:
 
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 async def test_refuses_within_its_timeout_with_three_of_five_down(nodes: Nodes, fault: str) -> None:
-    """Three nodes killed or paused: acquire(timeout=0.5) is False in time; nothing is left."""
-    limit = 0.1
+    """Three nodes killed or paused: acquire(timeout=0.5) is False in time; nothing is left.
+
+    ``False``: the live nodes answered, and no majority granted it. Their
+    limit leaves room for a loaded machine: if they too missed it at the
+    deadline, the answer would be a late node's ``TimeoutError`` instead.
+    """
+    limit = 0.25
     lock = Redlock(nodes.clients(), nodes.name, ttl=5.0, node_timeout=limit)
     getattr(nodes, fault)(2, 3, 4)
     started = time.monotonic()
@@ -314,12 +319,14 @@ async def test_every_node_paused_raises_redis_timeout(nodes: Nodes) -> None:
 
 
 async def test_some_nodes_down_and_the_rest_late_is_not_an_error(nodes: Nodes) -> None:
-    """Three nodes killed, two paused (late): ``acquire(timeout=0.4)`` is False, no error.
+    """Three nodes killed, two paused (late): ``acquire(timeout=0.4)`` says "no answer".
 
     Regression test for a flake of the fresh-clone run: under load the live
     nodes missed ``node_timeout``, every node had failed, and the refused
     connections' ``ConnectionError`` was raised from ``acquire`` although
-    the late nodes were up. A late node is no verdict: the attempt is retried.
+    the late nodes were up. A late node is no verdict: the attempt is
+    retried, and at the deadline the answer is redis-py's ``TimeoutError``
+    of a late node (not ``False``: nobody was seen holding it).
     """
     lock = Redlock(nodes.clients(), nodes.name, node_timeout=0.1)
     async with lock:  # warm the connections
@@ -327,19 +334,21 @@ async def test_some_nodes_down_and_the_rest_late_is_not_an_error(nodes: Nodes) -
     nodes.kill(0, 1, 2)
     nodes.pause(3, 4)
     started = time.monotonic()
-    assert not await lock.acquire(timeout=0.4)
+    with pytest.raises(RedisTimeoutError, match="did not answer within node_timeout"):
+        await lock.acquire(timeout=0.4)
     took = time.monotonic() - started
     assert 0.4 <= took < 0.4 + 0.2 + SLACK, f"took {took:.3f} s"
 
 
-async def test_every_node_paused_with_a_timeout_returns_false(nodes: Nodes) -> None:
-    """All nodes paused, ``acquire(timeout=0.4)``: False by the timeout, no error."""
+async def test_every_node_paused_with_a_timeout_says_no_answer(nodes: Nodes) -> None:
+    """All nodes paused, ``acquire(timeout=0.4)``: "no answer" by the timeout, not False."""
     lock = Redlock(nodes.clients(), nodes.name, node_timeout=0.1)
     async with lock:  # warm the connections
         pass
     nodes.pause(0, 1, 2, 3, 4)
     started = time.monotonic()
-    assert not await lock.acquire(timeout=0.4)
+    with pytest.raises(RedisTimeoutError, match="did not answer within node_timeout"):
+        await lock.acquire(timeout=0.4)
     took = time.monotonic() - started
     assert 0.4 <= took < 0.4 + 0.2 + SLACK, f"took {took:.3f} s"
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,60 @@ def test_start_ping_stop_leaves_no_process() -> None:
     srv.stop()  # idempotent
     srv.kill()
     assert "ready to exit" in srv.log_tail(5)  # the log survives the removed work dir
+
+
+def test_a_server_with_a_password_is_ready_and_is_ours() -> None:
+    """Issue 17: a server started with --requirepass is waited for (it answers NOAUTH to PING).
+
+    Its own log says it is ready; before, start() waited for a +PONG that
+    never came and failed after its timeout.
+    """
+    password = uuid.uuid4().hex
+    with RedisServer(args=["--requirepass", password]) as srv:
+        client = _sync_client(srv.port, password=password, socket_timeout=2)
+        try:
+            assert client.ping() is True
+            assert client.info("server")["process_id"] == srv.pid
+        finally:
+            client.close()
+        anonymous = _sync_client(srv.port, socket_timeout=2)
+        try:
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                anonymous.ping()
+        finally:
+            anonymous.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "debug_option"), [("Redis server v=6.2.14", False), ("", True)]
+)
+def test_the_debug_command_option_is_passed_only_where_the_server_knows_it(
+    tmp_path: Path, version: str, debug_option: bool
+) -> None:
+    """Issue 17: Redis 6.2 refuses ``--enable-debug-command`` (added in 7.0) and would not start.
+
+    A wrapper around the real binary answers ``--version`` as Redis 6.2 (or
+    as the real binary, empty ``version``) and records the arguments it is
+    started with; the server it starts must answer either way.
+    """
+    real = find_server_binary()
+    argv_file = tmp_path / "argv"
+    wrapper = tmp_path / "redis-server"
+    says = f'echo "{version} sha=00000000:0 bits=64"' if version else f'exec "{real}" --version'
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then {says}; exit 0; fi\n'
+        f'echo "$@" > "{argv_file}"\n'
+        f'exec "{real}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    with RedisServer(binary=str(wrapper)) as srv:
+        client = _sync_client(srv.port, socket_timeout=2)
+        try:
+            assert client.ping() is True
+        finally:
+            client.close()
+    assert ("--enable-debug-command local" in argv_file.read_text()) is debug_option
 
 
 def test_kill_then_restart_same_port_has_empty_data(own_server: RedisServer) -> None:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -244,6 +245,39 @@ async def test_a_live_waiter_with_a_long_step_keeps_its_marker_without_waking(
         waiting.cancel()
         if holder.statistics().held:
             await holder.release()
+
+
+@pytest.mark.parametrize("notify", [True, False])
+async def test_short_pauses_set_no_marker_of_their_own(
+    server: RedisServer, other_client: redis.Redis, name: str, notify: bool
+) -> None:
+    """A pause shorter than the marker's life sends nothing: the attempt raised the marker.
+
+    Regression (issue 17): a loop timer may fire a little early (uvloop
+    counts whole milliseconds); the end of each 50 ms pause was then taken
+    for a pause going on, and the marker was set again (one ``SET`` per
+    pause). Cut off at the pause's end, that ``SET`` also cost the
+    connection, and with it the next attempt's round trips.
+    """
+    sent: list[tuple[Any, ...]] = []
+
+    class Recording(redis.Connection):
+        def pack_command(self, *args: Any) -> Any:
+            sent.append(args)
+            return super().pack_command(*args)
+
+    holder = AsyncLock(other_client, name, ttl=10.0)
+    assert await holder.acquire()
+    pool = redis.ConnectionPool(connection_class=Recording, host=server.host, port=server.port)
+    async with redis.Redis.from_pool(pool) as recorded:
+        waiter = AsyncLock(recorded, name, ttl=10.0, backoff=backoff.constant(0.05), notify=notify)
+        assert await waiter.acquire(timeout=0.6) is False
+    await holder.release()
+    marker = marker_of(waiter)
+    scripted = [c for c in sent if str(c[0]).upper() == "EVALSHA"]
+    assert len(scripted) >= 5, "the waiter did not pause and try again"
+    marks = [c for c in sent if str(c[0]).upper() == "SET" and marker in map(str, c)]
+    assert marks == [], f"{len(marks)} pauses of {len(scripted)} set the marker again"
 
 
 async def test_a_marker_never_outlasts_the_waiters_timeout_by_more_than_the_slack(
