@@ -614,7 +614,6 @@ class ServerLease:
             redis.exceptions.TimeoutError: no answer before ``until`` (the
                 lease end): the server expires the key by itself.
         """
-        sent = time.monotonic()
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
                 deleted = bool(
@@ -628,7 +627,6 @@ class ServerLease:
                 f"releasing lock {self.name!r}: no answer before its lease ended; "
                 "the server expires the key by itself"
             )
-        self.wire.observe(time.monotonic() - sent)
         return deleted
 
     async def extend(self, token: str, ttl: float) -> bool:
