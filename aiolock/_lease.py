@@ -448,7 +448,7 @@ class ServerLease:
         round trip.
 
         An attempt still in flight at the deadline is awaited as long as the
-        link needs (:meth:`Wire.allowance <aiolock._wire.Wire.allowance>`),
+        link needs (:attr:`Wire.allowance <aiolock._wire.Wire.allowance>`),
         and never past the lease it asks for: a reply after that grants
         nothing. Before the client's first answer, what the link needs is
         not known: the whole lease.
@@ -472,10 +472,12 @@ class ServerLease:
             if deadline is None:
                 reply = await sending
             else:
-                allowance = wire.allowance()
                 when = sent + self.span
+                allowance = wire.allowance
                 if allowance is not None:
-                    when = min(when, max(deadline, sent) + allowance)
+                    link = (deadline if deadline > sent else sent) + allowance
+                    if link < when:
+                        when = link
                 with Cutoff(when, task, spare, lend=True) as cutoff:
                     reply = await sending
                 if cutoff.expired:

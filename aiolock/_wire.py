@@ -46,39 +46,35 @@ class Wire:
     """The commands of one client (a plain one or a cluster), errors translated.
 
     It also learns how long the link takes to answer (:meth:`observe`,
-    :meth:`allowance`): an attempt in flight at its caller's deadline is
+    :attr:`allowance`): an attempt in flight at its caller's deadline is
     awaited that long, so that a slow link is not taken for contention.
     """
 
-    __slots__ = ("_rttvar", "_srtt", "client", "cluster")
+    __slots__ = ("_rttvar", "_srtt", "allowance", "client", "cluster")
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
-        self._srtt: float | None = None  # smoothed round trip, seconds
+        self._srtt = 0.0  # smoothed round trip, seconds
         self._rttvar = 0.0  # its smoothed deviation
+        #: How long an answer may take on this link; None before the first one came.
+        #: Twice the smoothed round trip plus four deviations, at least
+        #: :data:`MIN_ALLOWANCE`. A client's first round trips include its
+        #: connection's set-up, so the estimate starts high and comes down.
+        self.allowance: float | None = None
 
     def observe(self, seconds: float) -> None:
         """Count one command's round trip (smoothed as TCP does, RFC 6298)."""
-        srtt = self._srtt
-        if srtt is None:
-            self._srtt = seconds
-            self._rttvar = seconds / 2
+        if self.allowance is None:
+            srtt = seconds
+            rttvar = seconds / 2
         else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(srtt - seconds)
-            self._srtt = 0.875 * srtt + 0.125 * seconds
-
-    def allowance(self) -> float | None:
-        """How long an answer may take on this link; None before the first one came.
-
-        Twice the smoothed round trip plus four deviations, at least
-        :data:`MIN_ALLOWANCE`. The first round trips of a client include
-        its connection's set-up, so the estimate starts high and comes down.
-        """
-        srtt = self._srtt
-        if srtt is None:
-            return None
-        return max(MIN_ALLOWANCE, 2 * srtt + 4 * self._rttvar)
+            rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - seconds)
+            srtt = 0.875 * self._srtt + 0.125 * seconds
+        self._srtt = srtt
+        self._rttvar = rttvar
+        allowance = 2 * srtt + 4 * rttvar
+        self.allowance = allowance if allowance > MIN_ALLOWANCE else MIN_ALLOWANCE
 
     async def ready(self) -> None:
         """Load a cluster's slot map before the first command (at once once loaded).
