@@ -5,7 +5,7 @@ The holder waits until every other member is back inside ``acquire()``, holds
 a little longer (uniform 1-5 ms: a short critical section; the waiters settle),
 notes ``t0`` and calls ``release()``; the member whose ``acquire()`` returns
 next notes ``t1``, records ``t1 - t0`` and becomes the holder. So ``N``
-coroutines wait all the time. Settings: ``N`` = 1, 2 and 10.
+coroutines wait all the time. Settings: ``N`` = 1, 2, 10 and 50 (``--waiters``).
 
 Variants:
 
@@ -71,7 +71,10 @@ NAME: Final = "handoff"
 MODULE: Final = "benchmarks.handoff"
 
 VARIANTS: Final = ("aiolock separate", "aiolock shared", "redis-py 0.1", "redis-py 0.001")
-WAITERS: Final = (1, 2, 10)
+#: The numbers of waiters (settings), unless ``--waiters`` says otherwise.
+WAITERS: Final = (1, 2, 10, 50)
+#: The same with ``--quick`` (a smoke run).
+WAITERS_QUICK: Final = (1, 2, 10)
 #: The longest one acquisition may wait before it counts as a failure.
 ACQUIRE_TIMEOUT: Final = 10.0
 #: How long a holder keeps the lock once every other member waits: uniform in this range.
@@ -93,6 +96,17 @@ PINGS_FULL: Final = 2000
 PINGS_QUICK: Final = 200
 #: The issue's target: aiolock's median hand-off in PING round trips.
 TARGET_RTT: Final = 3.0
+
+
+def _waiter_counts(text: str) -> tuple[int, ...]:
+    """``--waiters 1,2,10``: positive numbers, each once, in order."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"want distinct numbers >= 1, got {text!r}")
+    return counts
 
 
 def _client(url: str) -> Redis:
@@ -385,7 +399,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 f"compare-and-delete + SET NX pair p50 {pair * 1000:.3f} ms",
                 flush=True,
             )
-            for waiters in WAITERS:
+            for waiters in args.waiters:
                 for variant in variants:
                     setting = await _measure(
                         server.url,
@@ -416,13 +430,19 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "handoffs_per_setting": handoffs,
         "time_limit_s": time_limit,
         "hold_s": HOLD,
-        "waiters": WAITERS,
+        "waiters": args.waiters,
         "variants": variants,
         "settings": settings,
     }
 
 
-def _chart(path: Path, settings: Sequence[Setting], rtt_ms: float, pair_ms: float) -> None:
+def _chart(
+    path: Path,
+    settings: Sequence[Setting],
+    waiters: Sequence[int],
+    rtt_ms: float,
+    pair_ms: float,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -433,7 +453,7 @@ def _chart(path: Path, settings: Sequence[Setting], rtt_ms: float, pair_ms: floa
     width = 0.8 / max(len(variants), 1)
     for index, variant in enumerate(variants):
         mine = [s for s in settings if s.variant == variant]
-        xs = [WAITERS.index(s.waiters) + (index - (len(variants) - 1) / 2) * width for s in mine]
+        xs = [waiters.index(s.waiters) + (index - (len(variants) - 1) / 2) * width for s in mine]
         p50 = [max(s.handoff_ms[50], 1e-3) for s in mine]
         p90 = [max(s.handoff_ms[90], 1e-3) for s in mine]
         p99 = [max(s.handoff_ms[99], 1e-3) for s in mine]
@@ -443,7 +463,7 @@ def _chart(path: Path, settings: Sequence[Setting], rtt_ms: float, pair_ms: floa
     ax.axhline(rtt_ms, color="green", linestyle=":", label=f"PING RTT {rtt_ms:.3f} ms")
     ax.axhline(pair_ms, color="grey", linestyle="-.", label=f"DEL+SET pair {pair_ms:.3f} ms")
     ax.axhline(TARGET_RTT * rtt_ms, color="red", linestyle="--", label=f"target {TARGET_RTT:g} RTT")
-    ax.set_xticks(range(len(WAITERS)), [f"{n} waiter{'s' if n > 1 else ''}" for n in WAITERS])
+    ax.set_xticks(range(len(waiters)), [f"{n} waiter{'s' if n > 1 else ''}" for n in waiters])
     ax.set_yscale("log")
     ax.set_ylabel("release -> next acquire, ms (log); bar p50, dash p90, triangle p99")
     ax.set_title("aiolock hand-off latency (embedded Valkey, loopback)")
@@ -475,7 +495,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds each setting may take (default 30, 3 with --quick)",
     )
     parser.add_argument("--variant", action="append", choices=VARIANTS)
+    parser.add_argument(
+        "--waiters",
+        type=_waiter_counts,
+        default=None,
+        metavar="N,N,...",
+        help=(
+            f"the numbers of waiters to measure (default {','.join(map(str, WAITERS))}; "
+            f"with --quick {','.join(map(str, WAITERS_QUICK))})"
+        ),
+    )
     args = parser.parse_args(argv)
+    if args.waiters is None:
+        args.waiters = WAITERS_QUICK if args.quick else WAITERS
     argv_list = list(sys.argv[1:] if argv is None else argv)
     directory = out_dir(args)
     print(f"hand-off benchmark (loop={args.loop}{', quick' if args.quick else ''})", flush=True)
@@ -540,12 +572,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         verdict = ("PASS" if passed else "FAIL") if is_target else "INFO"
         print(
-            f"{verdict}  {variant}: p50 <= {TARGET_RTT:g} PING RTT for 1-10 waiters: "
+            f"{verdict}  {variant}: p50 <= {TARGET_RTT:g} PING RTT for every number of waiters: "
             f"{detail} RTT{'' if is_target else ' (reference: processes race, no target)'}"
         )
     overlaps = sum(s.overlaps for s in settings)
     chart = directory / f"{NAME}.png"
-    _chart(chart, settings, rtt_ms, pair_ms)
+    _chart(chart, settings, args.waiters, rtt_ms, pair_ms)
     write_json(
         directory / f"{NAME}.json",
         {
