@@ -2,57 +2,78 @@
 
 A task first lines up in the lease's local queue (:mod:`aiolock._queue`):
 only the head of the queue talks to the server. The head then attempts on
-the server until it wins or its deadline passes. Between attempts it waits
-for the backoff step (:mod:`aiolock.backoff`), capped by the holder's
-remaining lease and the deadline, and cut short by a release notification
-(:mod:`aiolock._notify`) when the lease has them.
+the server until it wins or its deadline passes.
 
-Each failed attempt that will be followed by a wait also raises the lock's
-waiting marker for that long (plus ``MARK_SLACK``), where the lease has one,
-so that a holder elsewhere handing the lock from task to task in its own
-process sees this waiter even when it cannot be notified, and lets it go
-first. Giving up takes the marker down.
+Between attempts a waiter of a lease that queues (the one-server lease)
+stands in the lock's queue on the server: a failed attempt put it there,
+and a release hands the lock straight to the first live waiter (DESIGN.md
+§3.4). It then waits, sending nothing but a refresh of its entry every
+``refresh_every`` seconds, for whichever comes first:
+
+* its grant, announced on the lock's channel (:mod:`aiolock._notify`): it
+  holds the lock from then on, its lease counted from the latest moment the
+  server had shown it still queued (an attempt or a refresh sent then), which
+  is before the grant;
+* a release with nobody queued, or a break of the notifications: it attempts
+  again at once;
+* a refresh that finds its entry gone: it was granted the lock (and missed the
+  message), or the server lost its data; an attempt tells which, and queues
+  it again if need be;
+* the end of the holder's lease as last known (its ``PTTL``, or the first
+  lease of the latest grant heard): one ``PTTL`` tells whether the holder
+  renewed; a lock left to expire (its holder died) is then taken, or granted
+  to the first live waiter, by an attempt.
+
+A waiter without notifications (``notify=False``, a user without channel
+rights, a pub/sub connection that broke and is not back yet) polls instead:
+it attempts at its backoff steps, capped by the holder's remaining lease (an
+attempt finds a grant it was given), as waiters of a lease that does not
+queue (Redlock's) always do.
 
 The answer is true: ``None`` (not acquired) means the latest verdict was
 that someone held the lock. An attempt in flight at the deadline is awaited
 as long as the link needs (see :meth:`~aiolock._lease.ServerLease.attempt`);
 if it got no verdict, the call raises redis-py's ``TimeoutError`` ("the
 server did not answer within ...") instead. Whatever a call that gives up
-must clean up on the server shares one budget (:class:`~aiolock._lease.Call`).
+must clean up on the server (undo an attempt, leave the queue, pass on a
+grant that came too late) shares one budget (:class:`~aiolock._lease.Call`).
 
 Cancellation: an attempt interrupted at any ``await`` is undone by the
 lease before it raises; an attempt that won but whose caller was cancelled
-meanwhile is undone here; a cancellation that redis-py swallowed (CPython
+meanwhile is undone here; a queued waiter leaves the queue (passing on a
+grant it may have got); a cancellation that redis-py swallowed (CPython
 gh-86296) is honoured after every ``await``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Iterator
-from typing import Any, final
+from typing import Any, Final, final
 
 import anyio
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import honour_cancellation
-from ._checks import to_ms
 from ._lease import RETRY, Call, Lease, Unanswered
 from ._notify import Subscription
-from ._queue import MARK_CAP, MARK_SLACK, Grant, LocalQueue, Undo, Yield
+from ._queue import Grant, LocalQueue, Undo
 from ._timers import Timer, spare_at
 
-__all__ = ["Won", "obtain"]
+__all__ = ["WATCH_SLACK", "Won", "obtain"]
+
+#: A queued waiter looks at the lock this long after the holder's lease should have
+#: ended (its renewal, or the server's expiry, has then happened).
+WATCH_SLACK: Final = 0.002
 
 
 @final
 class Won:
     """A won acquisition: the token, when it was sent, its fence, and how it came."""
 
-    __slots__ = ("fence", "handed", "queue", "sent", "timer", "token")
+    __slots__ = ("fence", "handed", "queue", "sent", "span", "timer", "token")
 
     def __init__(
         self,
@@ -63,16 +84,20 @@ class Won:
         *,
         handed: bool,
         timer: Timer | None = None,
+        span: float | None = None,
     ) -> None:
         #: The local queue whose baton the winner holds.
         self.queue = queue
         #: A timer due at the holding's first renewal, unspent, or None.
         self.timer = timer
         self.token = token
+        #: When the lease started at the latest, as the holder counts it.
         self.sent = sent
         self.fence = fence
         #: Handed over by a local releaser (not taken on the server).
         self.handed = handed
+        #: The first lease as the holder counts it, when not the lease's own (a grant's).
+        self.span = span
 
 
 def obtain(
@@ -95,7 +120,7 @@ def obtain(
     baseline = task.cancelling()
     queue = lease.queue(task.get_loop())
     if queue.take(task):
-        return _contend(lease, queue, task, policy, deadline, baseline, 0.0, call)
+        return _contend(lease, queue, task, policy, deadline, baseline, call)
     call.contended = True  # another task of this process had it, or was first in line
     return _queue_then_contend(lease, queue, task, policy, deadline, blocking, call)
 
@@ -131,8 +156,7 @@ async def _queue_then_contend(
     except BaseException:
         queue.leave()
         raise
-    pause = ticket.seconds if isinstance(ticket, Yield) else 0.0
-    return await _contend(lease, queue, task, policy, deadline, baseline, pause, call)
+    return await _contend(lease, queue, task, policy, deadline, baseline, call)
 
 
 async def _contend(
@@ -142,65 +166,35 @@ async def _contend(
     policy: _backoff.Backoff,
     deadline: float | None,
     baseline: int,
-    wait_first: float,
     call: Call,
 ) -> Won | None:
     """Try on the server until acquired or past the deadline (we hold the baton).
 
-    With ``wait_first`` (seconds) it starts with a wait: the local releaser
-    just let waiters elsewhere go first. Unless it wins, it passes the baton
-    on when it ends (returning None, or raising).
+    Unless it wins, it leaves the queue on the server (if it was in it) and
+    passes the baton on when it ends (returning None, or raising).
     """
     subscription: Subscription | None = None
-    waiter: str | None = None  # our id in the marker, once we raised it
     won: Won | None = None
     timer: Timer | None = None
     try:
         delays: Iterator[float] | None = None
         step = 0.0  # the policy's latest delay: repeated once a finite policy runs out
-        drawn = False  # `step` is already the pause after the attempt in flight
-        plain = lease.bare_first  # the first attempt is a bare SET
-        marks = lease.marks
         late_since: float | None = None  # since when every attempt went unanswered
         seen: int | None = None
-        # The marker lives at most this long without being set again (see MARK_CAP).
-        mark_life = min(lease.ttl, MARK_CAP)
-        if wait_first:
-            # Waiters elsewhere were told to go first; if none has taken the lock by
-            # then, try anyway. A plain sleep: the release message of the yield itself
-            # may still be on its way to our listener, and must not wake us.
-            if deadline is not None:
-                wait_first = max(0.0, min(wait_first, deadline - time.monotonic()))
-            await anyio.sleep(wait_first)
-            await honour_cancellation(task, baseline)
         while True:
             # Note the channel's generation before the attempt: news after this
             # point (a release, a subscription confirmed) means "try again at once".
             if subscription is not None:
                 subscription.mark()
-            elif not plain:  # a bare attempt that fails is followed at once by another
+            else:
                 seen = lease.generation()
-            token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
-            mark_ms = 0
-            if plain:
-                plain = False
-            elif marks and (deadline is None or deadline > time.monotonic()):
-                # Draw the pause that will follow a failure now: the marker lasts that long.
-                if delays is None:
-                    delays = policy.delays()
-                step = _backoff._check_delay(next(delays, step))
-                drawn = True
-                bound = step if deadline is None else min(step, deadline - time.monotonic())
-                mark_ms = to_ms(min(bound + MARK_SLACK, mark_life))
-                if waiter is None:
-                    waiter = os.urandom(8).hex()
             sent = time.monotonic()
-            marked_until = sent + mark_ms / 1000  # when the marker this attempt raises ends
+            queue_up = lease.queues and (deadline is None or deadline > sent)
             # An attempt with a deadline is cut off by a timer: one due at the first
             # renewal, lent to the cut-off, then kept for the holding if it wins.
             timer = None if deadline is None else spare_at(sent + lease.span / 3, task.get_loop())
             try:
-                reply = await lease.attempt(token, deadline, waiter, mark_ms, task, timer, call)
+                reply = await lease.attempt(deadline, queue_up, task, timer, call)
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
                 # deadline allows; without one, for one lease.
@@ -215,17 +209,17 @@ async def _contend(
                 unanswered = None
             if task.cancelling() > baseline:
                 if reply is not None and reply[0]:
-                    await lease.undo(token, call)
+                    await lease.undo(call.token, call)
                 await honour_cancellation(task, baseline)
             now = time.monotonic()
             if reply is not None and reply[0]:
                 if now < sent + lease.span:
-                    won = Won(token, sent, reply[1], queue, handed=False, timer=timer)
+                    won = Won(call.token, sent, reply[1], queue, handed=False, timer=timer)
                     return won
                 # The reply came after the lease it granted had run out: not a lock.
                 call.unanswered = now - sent
                 ending = deadline is not None and now >= deadline
-                await lease.undo(token, call if ending else None)
+                await lease.undo(call.token, call if ending else None)
                 reply = None
             if timer is not None:
                 timer.cancel()
@@ -241,13 +235,23 @@ async def _contend(
                 return None
             if reply is not None and reply[1] == RETRY:
                 continue  # the first, bare attempt failed: the full attempt follows at once
-            if not drawn:
-                if delays is None:
-                    delays = policy.delays()
-                step = _backoff._check_delay(next(delays, step))
-            drawn = False
-            delay = step
             pttl = reply[1] if reply is not None else -1
+            if call.queued and reply is not None:
+                if subscription is None:
+                    subscription = await lease.subscribe(seen)
+                if subscription is not None and subscription.live:
+                    # In the queue, told of our grant: wait for it, refreshing our entry.
+                    won = await _wait_in_queue(
+                        lease, queue, task, subscription, deadline, baseline, call, sent, pttl
+                    )
+                    if won is not None:
+                        return won
+                    continue
+            # Poll: the backoff step, capped by the holder's lease and the deadline.
+            if delays is None:
+                delays = policy.delays()
+            step = _backoff._check_delay(next(delays, step))
+            delay = step
             if pttl >= 0:
                 # An expiring holder sends no message: wake when its lease ends.
                 delay = min(delay, pttl / 1000 + 0.001)
@@ -257,27 +261,7 @@ async def _contend(
                 delay = max(0.0, min(delay, deadline - time.monotonic()))
             if subscription is None and delay > 0:
                 subscription = await lease.subscribe(seen)
-            # A pause longer than the marker lives: set it again every half of its life,
-            # so that it tells of a live waiter, and a dead one's is gone soon.
-            refresh = waiter is not None and delay + MARK_SLACK > mark_life
-            every = mark_life / 2 if refresh else delay
-            end = time.monotonic() + delay
-            while True:
-                chunk = max(0.0, min(every, end - time.monotonic()))
-                if subscription is None:
-                    await anyio.sleep(chunk)
-                    news = False
-                else:
-                    news = await subscription.wait(chunk)
-                await honour_cancellation(task, baseline)
-                now = time.monotonic()
-                if news or now >= end or not refresh:
-                    break  # (a timer may fire a little early: that is the pause's end too)
-                if end + MARK_SLACK > marked_until:  # the marker would die before the pause
-                    life = min(end - now + MARK_SLACK, mark_life)
-                    marked_until = now + life
-                    assert waiter is not None  # noqa: S101 - `refresh` says so
-                    await lease.mark(waiter, to_ms(life), end, task)
+            await _pause(lease, task, subscription, delay, baseline, call, sent)
     finally:
         if timer is not None and won is None:
             timer.cancel()
@@ -285,7 +269,107 @@ async def _contend(
             subscription.close()
         if won is None:
             try:
-                if waiter is not None:
-                    await lease.unmark(waiter, call)
+                if call.queued:
+                    await lease.leave(call)
             finally:
                 queue.leave()
+
+
+async def _pause(
+    lease: Lease,
+    task: asyncio.Task[Any],
+    subscription: Subscription | None,
+    delay: float,
+    baseline: int,
+    call: Call,
+    proof: float,
+) -> None:
+    """Sleep ``delay`` (a poll), cut short by news; a queued poller refreshes its entry."""
+    end = time.monotonic() + delay
+    refreshed = proof
+    while True:
+        until = min(refreshed + lease.refresh_every, end) if call.queued else end
+        chunk = max(0.0, until - time.monotonic())
+        if subscription is None:
+            await anyio.sleep(chunk)
+            news = False
+        else:
+            news = await subscription.wait(chunk)
+        await honour_cancellation(task, baseline)
+        now = time.monotonic()
+        if news or now >= end or not call.queued:
+            return  # (a timer may fire a little early: that is the pause's end too)
+        if now >= refreshed + lease.refresh_every:
+            sent = now
+            if await lease.refresh(call.token, end, task) is False:
+                return  # granted, or lost: the attempt tells
+            refreshed = sent
+
+
+async def _wait_in_queue(
+    lease: Lease,
+    queue: LocalQueue,
+    task: asyncio.Task[Any],
+    subscription: Subscription,
+    deadline: float | None,
+    baseline: int,
+    call: Call,
+    proof: float,
+    pttl: int,
+) -> Won | None:
+    """Wait in the queue on the server until granted; None: attempt again now.
+
+    ``proof`` is when the latest command was sent that the server answered
+    with us still queued (not granted): a grant came after it, so the heir's
+    lease is counted from there. ``pttl`` is the holder's remaining lease as
+    the attempt saw it.
+    """
+    subscription.expect(call.token)
+    now = time.monotonic()
+    watch = now + pttl / 1000 + WATCH_SLACK if pttl >= 0 else None
+    refresh_at = proof + lease.refresh_every
+    heard = subscription.holder_until()
+    while True:
+        if subscription.holder_until() != heard:
+            # A grant to another waiter: the lock has a new holder, whose first lease
+            # ends then (it renews before, unless it died).
+            heard = subscription.holder_until()
+            watch = heard + WATCH_SLACK
+        end = refresh_at
+        if watch is not None and watch < end:
+            end = watch
+        if deadline is not None and deadline < end:
+            end = deadline
+        news = await subscription.wait(max(0.0, end - time.monotonic()))
+        await honour_cancellation(task, baseline)
+        granted = subscription.granted
+        if granted is not None:
+            ms, fence = granted
+            span = ms / 1000
+            if lease.accepts_grants and time.monotonic() < proof + span:
+                return Won(call.token, proof, fence, queue, handed=False, span=span)
+            return None  # the attempt confirms it (replicas), or finds it too late
+        if news:
+            return None
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return None  # the last attempt at the deadline, then the answer
+        if now >= refresh_at:
+            sent = now
+            until = sent + lease.refresh_every if deadline is None else deadline
+            alive = await lease.refresh(call.token, until, task)
+            await honour_cancellation(task, baseline)
+            if alive is False:
+                return None  # granted (the message was missed), or lost: the attempt tells
+            if alive:
+                proof = sent
+            refresh_at = sent + lease.refresh_every
+            continue
+        if watch is not None and now >= watch:
+            # The holder's lease as we knew it is over: ask how long the lock is held.
+            until = now + lease.refresh_every if deadline is None else deadline
+            left = await lease.remaining(until, task)
+            await honour_cancellation(task, baseline)
+            if left is None or left < 0:
+                return None  # free (its holder died), without expiry, or unknown: attempt
+            watch = time.monotonic() + left / 1000 + WATCH_SLACK

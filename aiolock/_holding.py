@@ -39,7 +39,7 @@ from ._contend import Won, obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._lease import GRACE, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
-from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo, Yield, yield_wait
+from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo
 from ._renewal import Holding, keep_alive
 from ._timers import Cutoff, Timer, call_at
 
@@ -331,7 +331,7 @@ class LeaseLock:
             won.token,
             task,
             lease.ttl,
-            lease.span,
+            lease.span if won.span is None else won.span,
             sent,
             won.fence if lease.fencing else None,
             queue,
@@ -582,7 +582,8 @@ class LeaseLock:
             if not queue.give(entry, Grant(token, sent, reply[1])):
                 await lease.undo(token)  # the heir gave up meanwhile
             return True
-        queue.give(entry, Yield(yield_wait(reply[1])) if reply[0] == 2 else Turn.CONTEND)
+        # 2: it went to the first waiter of the queue on the server; the heir queues up.
+        queue.give(entry, Turn.CONTEND)
         return bool(reply[0])
 
     async def extend(self, ttl: float | None = None) -> None:

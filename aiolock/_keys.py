@@ -4,14 +4,15 @@ A lock named ``name`` under ``prefix`` lives in the key ``<prefix>{<name>}``.
 Its companions append a suffix *after* the closing brace, so that the hash
 tag, and with it the Redis Cluster hash slot, is the same for all of them:
 
-===================  ==============================  =================================
-name                 key                             what it holds
-===================  ==============================  =================================
-:attr:`Keys.lock`    ``<prefix>{<name>}``            the holder's token, with the lease
-:attr:`Keys.marker`  ``<prefix>{<name>}:waiting``    a polling waiter elsewhere (its id)
-:attr:`Keys.fence`   ``<prefix>{<name>}:fence``      the last fencing number (kept)
-:attr:`Keys.channel` ``<prefix>{<name>}:released``   the release notification channel
-===================  ==============================  =================================
+===================  ==================================  =====================================
+name                 key                                 what it holds
+===================  ==================================  =====================================
+:attr:`Keys.lock`    ``<prefix>{<name>}``                the holder's token, with the lease
+:attr:`Keys.queue`   ``<prefix>{<name>}:queue``          the waiters elsewhere, in order (tokens)
+:meth:`Keys.entry`   ``<prefix>{<name>}:queue:<token>``  one waiter's entry: alive while it exists
+:attr:`Keys.fence`   ``<prefix>{<name>}:fence``          the last fencing number (kept)
+:attr:`Keys.channel` ``<prefix>{<name>}:released``       the release and grant channel
+===================  ==================================  =====================================
 
 The library, the CLI, the tests and the benchmarks all take names from here.
 """
@@ -39,7 +40,7 @@ class Keys:
             companions would then fall into other cluster slots.
     """
 
-    __slots__ = ("channel", "fence", "lock", "marker")
+    __slots__ = ("channel", "fence", "lock", "queue")
 
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True) -> None:
         """Name the keys of lock ``name``; ``tagged=False`` skips the hash-tag rule.
@@ -62,12 +63,19 @@ class Keys:
             )
         #: The lock key: ``<prefix>{<name>}``.
         self.lock: Final = lock
-        #: The waiting marker of pollers elsewhere: ``<lock>:waiting``.
-        self.marker: Final = f"{lock}:waiting"
+        #: The queue of waiters between processes: ``<lock>:queue``, a list of tokens.
+        self.queue: Final = f"{lock}:queue"
         #: The fencing counter: ``<lock>:fence``.
         self.fence: Final = f"{lock}:fence"
         #: The release channel: ``<lock>:released``.
         self.channel: Final = f"{lock}:released"
+
+    def entry(self, token: str) -> str:
+        """The entry of the waiter with ``token``: ``<queue>:<token>``, alive while it exists.
+
+        The scripts build the same name from :attr:`queue` (it shares the slot).
+        """
+        return f"{self.queue}:{token}"
 
     def __repr__(self) -> str:
         return f"Keys({self.lock!r})"

@@ -18,12 +18,20 @@ taken (``fence`` is 0 without fencing), else ``(0, code)`` where ``code`` is
 the holder's remaining lease in milliseconds (``PTTL``: ``-1`` when held
 with no known end, ``-2`` when the key vanished meanwhile), or one of
 :data:`RETRY` and :data:`NOT_HELD`.
+
+A lease that *queues* (:attr:`Lease.queues`: the one-server lease) puts a
+waiter that failed in the lock's queue on the server (DESIGN.md §3.4, the
+scripts in :mod:`aiolock._scripts`): a release then hands the lock straight
+to the first live waiter. A queued waiter keeps its entry alive with
+:meth:`Lease.refresh` every :attr:`Lease.refresh_every` seconds, and takes
+it out with :meth:`Lease.leave` when it gives up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
@@ -35,7 +43,7 @@ from ._cancel import run_shielded
 from ._checks import check_ttl, to_ms
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
-from ._scripts import ACQUIRE, EXTEND, HANDOVER, RELEASE, UNMARK
+from ._scripts import ACQUIRE, EXTEND, HANDOVER, LEAVE, RELEASE
 from ._timers import Cutoff, Timer
 from ._wire import Wire
 
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLEANUP_BOUND",
+    "ENTRY_CAP",
     "GRACE",
     "NOT_HELD",
     "RETRY",
@@ -68,6 +77,16 @@ RETRY: Final = -3
 #: it, a quorum was not reached in time): no contention, no lease to wait for.
 NOT_HELD: Final = -4
 
+#: The longest a waiter's queue entry lives without being refreshed (and not longer
+#: than the lease): a dead waiter's entry is gone at most this long after its death,
+#: and a grant to a waiter that died meanwhile holds the lock no longer than this.
+ENTRY_CAP: Final = 2.0
+#: A queued waiter refreshes its entry after this share of the entry's life.
+REFRESH_SHARE: Final = 0.7
+#: A release that handed the lock on makes the next attempt through the same lease
+#: skip the bare ``SET`` for this long (the lock is taken: go straight to the queue).
+_CONTENDED_HINT: Final = 0.05
+
 #: What an attempt answers: ``(1, fence)`` or ``(0, code)`` (see the module docs).
 Reply = tuple[int, int]
 
@@ -82,14 +101,20 @@ class Call:
     acknowledge).
 
     A call that gives up may have cleanup to do on the server: undo an
-    attempt that may have landed, take down its waiting marker. All of it
+    attempt that may have landed, take its entry out of the queue. All of it
     shares one budget (:meth:`cleanup`), so that a server that stopped
     answering costs the call one cleanup bound, not one per step.
     """
 
-    __slots__ = ("_cleanup_end", "contended", "unanswered")
+    __slots__ = ("_cleanup_end", "attempts", "contended", "queued", "token", "unanswered")
 
     def __init__(self) -> None:
+        #: The token of every attempt of this call (and of its queue entry): 128 random bits.
+        self.token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
+        #: How many attempts the call has sent.
+        self.attempts = 0
+        #: An attempt put the caller in the queue on the server (it may still be there).
+        self.queued = False
         self.contended = False
         #: How long the latest attempt cut off had waited for its answer (seconds).
         self.unanswered = 0.0
@@ -131,8 +156,12 @@ class Lease(Protocol):
     key: str
     #: The first attempt can be a cheaper one that only says taken or not (:data:`RETRY`).
     bare_first: bool
-    #: Failed attempts can raise the waiting marker (``waiter``, ``mark_ms``).
-    marks: bool
+    #: A failed attempt can put the caller in the lock's queue on the server.
+    queues: bool
+    #: A grant heard on the channel is the lock (else the heir confirms it with an attempt).
+    accepts_grants: bool
+    #: Seconds between two refreshes of a queued waiter's entry.
+    refresh_every: float
     #: Attempts return a fencing number.
     fencing: bool
     #: How the server(s) had stopped holding our token, in words: "<gone> at release".
@@ -168,21 +197,21 @@ class Lease(Protocol):
 
     async def attempt(
         self,
-        token: str,
         deadline: float | None,
-        waiter: str | None,
-        mark_ms: int,
+        queue_up: bool,
         task: asyncio.Task[Any],
         spare: Timer | None,
         call: Call,
     ) -> Reply | None:
-        """One attempt of ``task`` to take the lock with ``token`` for :attr:`ttl`.
+        """One attempt of ``task`` to take the lock with ``call.token`` for :attr:`ttl`.
 
         Returns None if it was cut off: still unanswered when the link's
-        allowance past the deadline ran out. ``spare`` is a timer the caller
-        lends to the cut-off (see :class:`~aiolock._timers.Cutoff`); ``call``
-        is told when the attempt found another holder's key, and its cleanup
-        budget bounds an undo.
+        allowance past the deadline ran out. With ``queue_up``, a failed
+        attempt of a lease that :attr:`queues` puts the caller in the queue
+        (and sets ``call.queued``). ``spare`` is a timer the caller lends to
+        the cut-off (see :class:`~aiolock._timers.Cutoff`); ``call`` is told
+        when the attempt found another holder's key, and its cleanup budget
+        bounds an undo.
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
@@ -212,19 +241,24 @@ class Lease(Protocol):
         """
         ...
 
-    async def unmark(self, waiter: str, call: Call | None = None) -> None:
-        """Take down the waiting marker if ``waiter`` raised it last: shielded, best effort.
+    async def leave(self, call: Call) -> None:
+        """Take a queued caller out of the queue: shielded, bounded by ``call``'s budget.
 
-        Bounded by ``call``'s cleanup budget when given; skipped when it is spent.
+        A grant that reached it meanwhile goes on to the next waiter.
         """
         ...
 
-    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
-        """Raise the waiting marker again for ``mark_ms`` (a long pause); best effort.
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+        """Keep the queue entry of ``token`` alive; False if it is gone, None if unknown.
 
-        ``task`` (the waiter) is cut off at ``until`` (its pause's end): a
-        server that does not answer never holds up the waiter's next attempt.
+        ``task`` is cut off at ``until``. Gone means granted (the grant
+        deletes the entry) or lost (the server lost its data): the caller
+        attempts again, which tells which.
         """
+        ...
+
+    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+        """The holder's remaining lease in ms (``PTTL``), None if unknown; cut off at ``until``."""
         ...
 
     async def hand_over(
@@ -233,9 +267,9 @@ class Lease(Protocol):
         """Release ``token`` straight to a local waiter (for its lease); None if this cannot.
 
         Returns ``(1, fence)`` when the lock now holds ``heir_token``;
-        ``(2, marker)`` when it was released for waiters elsewhere
-        (``may_yield``; ``marker`` as :func:`aiolock._queue.yield_wait`
-        takes it); ``(0, 0)`` when ``token`` no longer held it.
+        ``(2, ms)`` when it went to the first live waiter of the queue on the
+        server instead (``may_yield``); ``(0, 0)`` when ``token`` no longer
+        held it.
         """
         ...
 
@@ -297,6 +331,7 @@ def server_lease(
     replicas: int,
     replica_timeout: float | None,
     replica_fsync: bool,
+    fair: bool = False,
 ) -> ServerLease:
     """The lease of ``client`` with these options, made once.
 
@@ -312,7 +347,7 @@ def server_lease(
     site = _site(client)
     if name.__class__ is not str or prefix.__class__ is not str:
         keys_for(name, prefix)  # raises; a str subclass passes, and is looked up below
-    options = (name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync)
+    options = (name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync, fair)
     lease = site.leases.get(options)
     if lease is None:
         keys = keys_for(name, prefix)
@@ -328,17 +363,30 @@ def server_lease(
             replicas=replicas,
             replica_timeout=min(ttl / 10, 1.0) if replica_timeout is None else replica_timeout,
             replica_fsync=replica_fsync,
+            fair=fair,
         )
     return lease
 
 
 @final
 class ServerLease:
-    """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`)."""
+    """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`).
+
+    It queues: a waiter that failed waits in the lock's queue on the server,
+    and a release hands the lock to the first live waiter (DESIGN.md §3.4).
+    With ``fair``, every acquisition goes through the queue: no bare first
+    ``SET`` that could take a free lock ahead of it, and no local queue (each
+    waiting task has an entry of its own, so the order is strict across
+    every task of every process).
+    """
 
     __slots__ = (
         "_acquire_keys",
         "_cleanup",
+        "_contended_until",
+        "_entry",
+        "_entry_ms",
+        "_fair",
         "_listeners",
         "_ms",
         "_notify",
@@ -348,13 +396,15 @@ class ServerLease:
         "_replica_timeout",
         "_replicas",
         "_site",
+        "accepts_grants",
         "bare_first",
         "fencing",
         "gone",
         "key",
         "keys",
-        "marks",
         "name",
+        "queues",
+        "refresh_every",
         "span",
         "ttl",
         "wire",
@@ -372,6 +422,7 @@ class ServerLease:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         replica_fsync: bool = False,
+        fair: bool = False,
     ) -> None:
         site = _site(client)
         self.wire = site.wire
@@ -383,15 +434,23 @@ class ServerLease:
         self._replicas = replicas
         self._replica_timeout = replica_timeout
         self._replica_fsync = replica_fsync
+        self._fair = fair
         self.ttl = self.span = ttl
         self._ms = to_ms(ttl)
         self._cleanup = min(ttl, CLEANUP_BOUND)
-        self.bare_first = not (fencing or replicas)
-        self.marks = True
+        self.bare_first = not (fencing or replicas or fair)
+        self.queues = True
+        # A grant sets the key without waiting for replicas: such an heir confirms it.
+        self.accepts_grants = not replicas
+        life = min(ttl, ENTRY_CAP)
+        self._entry_ms = to_ms(life)
+        # What a grant gives this lock's waiters: a first lease of one entry life (a dead
+        # heir holds the lock no longer), renewed to the full lease like any other.
+        self._entry = f"{self._entry_ms}f" if fencing else str(self._entry_ms)
+        self.refresh_every = REFRESH_SHARE * life
+        self._contended_until = 0.0
         self.gone = "the key was gone or held by another holder"
-        self._acquire_keys = (
-            (keys.lock, keys.marker, keys.fence) if fencing else (keys.lock, keys.marker)
-        )
+        self._acquire_keys = (keys.lock, keys.queue, keys.fence)
         self._release_args = (keys.channel, "1" if self.wire.cluster else "0")
         self._site = site
         self._queues = site.queues
@@ -406,12 +465,18 @@ class ServerLease:
         return ttl
 
     def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
-        """The client's local queue for this key, shared by every lock object on it."""
+        """The client's local queue for this key, shared by every lock object on it.
+
+        A fair lease gets a queue of its own at each call: its tasks wait on
+        the server, each with an entry of its own, not behind each other here.
+        """
+        if self._fair:
+            return LocalQueue({}, self.key, loop)
         return queue_for(self._queues, self.key, loop)
 
     def existing_queue(self) -> LocalQueue | None:
         """The client's local queue for this key, if there is one (it may be idle)."""
-        return existing_queue(self._queues, self.key)
+        return None if self._fair else existing_queue(self._queues, self.key)
 
     def generation(self) -> int | None:
         """The release channel's generation if this process listens to it, else None."""
@@ -430,22 +495,22 @@ class ServerLease:
 
     async def attempt(
         self,
-        token: str,
         deadline: float | None,
-        waiter: str | None,
-        mark_ms: int,
+        queue_up: bool,
         task: asyncio.Task[Any],
         spare: Timer | None,
         call: Call,
     ) -> Reply | None:
         """Send one acquire attempt of ``task``; None if it was cut off past the deadline.
 
-        An attempt without a ``waiter`` and without fencing is a bare ``SET NX
-        PX``: on an uncontended lock (the common case) it costs a tenth less
-        than the script, client and server together; if it fails, the reply
-        is ``(0, RETRY)`` and the scripted attempt follows, which gets the
-        PTTL (and, with ``mark_ms``, raises the waiting marker) in the same
-        round trip.
+        The first attempt of a call without fencing, replicas or ``fair``
+        is a bare ``SET NX PX``: on an uncontended lock (the common case) it
+        costs a tenth less than the script, client and server together; if
+        it fails, the reply is ``(0, RETRY)`` and the scripted attempt
+        follows, which gets the PTTL (and, with ``queue_up``, queues the
+        caller) in the same round trip. Right after this client handed the
+        lock on to a waiter, the lock is known to be taken: the script comes
+        first.
 
         An attempt still in flight at the deadline is awaited as long as the
         link needs (:attr:`Wire.allowance <aiolock._wire.Wire.allowance>`),
@@ -455,17 +520,27 @@ class ServerLease:
 
         Whatever interrupts the attempt (cancellation, a redis-py error, the
         cut-off), the ``SET`` may have reached the server, so it is undone
-        with the same token before this returns or raises.
+        with the same token before this returns or raises (and an entry it
+        may have queued is taken out).
         """
         wire = self.wire
         if wire.cluster:
             await wire.ready()
+        token = call.token
         # The bare SET is awaited here directly (the common case: one frame less).
-        bare = waiter is None and self.bare_first
+        bare = (
+            not call.attempts
+            and self.bare_first
+            and (not self._contended_until or time.monotonic() >= self._contended_until)
+        )
+        call.attempts += 1
+        queued = call.queued
+        if queue_up and not bare:
+            call.queued = True  # from now on it may be queued (the undo takes it out)
         sending = (
             wire.set_nx(self.key, token, self._ms)
             if bare
-            else self._scripted(token, waiter, mark_ms)
+            else self._scripted(token, queue_up, queued)
         )
         sent = time.monotonic()
         try:
@@ -505,15 +580,23 @@ class ServerLease:
             call.contended = True
         return answer
 
-    async def _scripted(self, token: str, waiter: str | None, mark_ms: int) -> Reply:
-        """The acquire script: with fencing, with the waiting marker, or with replicas."""
-        ms = self._ms
+    async def _scripted(self, token: str, queue_up: bool, queued: bool) -> Reply:
+        """The acquire script: with fencing, queueing the caller, or with replicas."""
+        args = (
+            token,
+            self._ms,
+            self._entry if queue_up else "",
+            self._entry_ms,
+            "1" if queued else "0",
+            "1" if self.fencing else "0",
+            *self._release_args,
+        )
         if self._replicas:
-            return await self._replicated(token, ms, waiter, mark_ms)
-        reply = await self.wire.run(ACQUIRE, self._acquire_keys, (token, ms, waiter or "", mark_ms))
+            return await self._replicated(args)
+        reply = await self.wire.run(ACQUIRE, self._acquire_keys, args)
         return (int(reply[0]), int(reply[1]))
 
-    async def _replicated(self, token: str, ms: int, waiter: str | None, mark_ms: int) -> Reply:
+    async def _replicated(self, args: tuple[Any, ...]) -> Reply:
         """An attempt that counts only once ``replicas`` replicas acknowledged it.
 
         The acquire script and ``WAIT`` (or ``WAITAOF``) go in one pipeline,
@@ -526,12 +609,10 @@ class ServerLease:
             if self._replica_fsync
             else ("WAIT", self._replicas, wait_ms)
         )
-        taken, acked = await self.wire.run_then(
-            ACQUIRE, self._acquire_keys, (token, ms, waiter or "", mark_ms), then
-        )
+        taken, acked = await self.wire.run_then(ACQUIRE, self._acquire_keys, args, then)
         count = int(acked[1]) if self._replica_fsync else int(acked)
         if int(taken[0]) and count < self._replicas:
-            await self.undo(token)
+            await self.undo(args[0])
             logger.info(
                 "acquisition of lock %r not acknowledged by %d replicas within %s s "
                 "(%d did); released it",
@@ -543,49 +624,52 @@ class ServerLease:
             return (0, NOT_HELD)
         return (int(taken[0]), int(taken[1]))
 
-    async def unmark(self, waiter: str, call: Call | None = None) -> None:
-        """Take down the waiting marker if it is ours: shielded, bounded, best effort."""
-        bound = self._cleanup if call is None else call.cleanup(self._cleanup)
-        if bound <= 0:
-            logger.debug(
-                "no time left to take down the waiting marker of %r (it expires by itself)",
-                self.name,
-            )
-            return
-        try:
-            await run_shielded(lambda: self.wire.run(UNMARK, (self.keys.marker,), (waiter,)), bound)
-        except Exception as exc:
-            logger.debug(
-                "could not take down the waiting marker of %r: %r (it expires by itself)",
-                self.name,
-                exc,
-            )
+    async def leave(self, call: Call) -> None:
+        """Take ``call``'s entry out of the queue (passing on a grant): shielded, bounded."""
+        await self.undo(call.token, call)
 
-    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
-        """Set the waiting marker to ``waiter`` for ``mark_ms`` again, cut off at ``until``.
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+        """``PEXPIRE`` the entry of ``token`` for one entry life; cut off at ``until``.
 
-        An error or a cut-off is only logged: the marker expires by itself.
+        An error or a cut-off is only logged (None): the entry lives on for
+        the rest of its life, and the next refresh may get through.
         """
         try:
             with Cutoff(until, task) as cutoff:
-                await self.wire.set_px(self.keys.marker, waiter, mark_ms)
-            if cutoff.expired:
-                logger.debug("no answer in time to raise the waiting marker of %r again", self.name)
+                alive = await self.wire.pexpire(self.keys.entry(token), self._entry_ms)
         except Exception as exc:
-            logger.debug(
-                "could not raise the waiting marker of %r again: %r (it expires by itself)",
-                self.name,
-                exc,
-            )
+            logger.debug("could not refresh a queue entry of %r: %r", self.name, exc)
+            return None
+        if cutoff.expired:
+            logger.debug("no answer in time to refresh a queue entry of %r", self.name)
+            return None
+        return alive
+
+    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+        """``PTTL`` of the lock key (None on an error, or no answer by ``until``)."""
+        try:
+            with Cutoff(until, task) as cutoff:
+                pttl = await self.wire.pttl(self.key)
+        except Exception as exc:
+            logger.debug("could not read the lease of %r: %r", self.name, exc)
+            return None
+        return None if cutoff.expired else pttl
 
     async def undo(self, token: str, call: Call | None = None) -> None:
-        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        """Free the lock if it holds ``token`` and leave the queue: shielded, bounded.
+
+        The lock goes on to the next queued waiter by the grant rule. Best
+        effort: what it has no time for expires by itself.
+        """
         bound = self._cleanup if call is None else call.cleanup(self._cleanup)
         if bound <= 0:
             logger.debug("no time left to undo an attempt on %r (the lease expires it)", self.name)
             return
         try:
-            await run_shielded(lambda: self.delete(token), bound)
+            await run_shielded(
+                lambda: self.wire.run(LEAVE, self._acquire_keys, (token, *self._release_args)),
+                bound,
+            )
         except Exception as exc:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc
@@ -598,8 +682,8 @@ class ServerLease:
         return await self.wire.set_nx(self.key, token, self._ms)
 
     async def delete(self, token: str) -> bool:
-        """The release script: delete the key if it holds ``token``, and announce it."""
-        return bool(await self.wire.run(RELEASE, (self.key,), (token, *self._release_args)))
+        """The release script: free the key if it holds ``token`` (by the grant rule)."""
+        return bool(await self.wire.run(RELEASE, self._acquire_keys, (token, *self._release_args)))
 
     async def value(self) -> Any:
         """The token that holds the lock now (``GET``), or None."""
@@ -618,8 +702,8 @@ class ServerLease:
         """
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
-                deleted = bool(
-                    await self.wire.run(RELEASE, (self.key,), (token, *self._release_args))
+                reply = await self.wire.run(
+                    RELEASE, self._acquire_keys, (token, *self._release_args)
                 )
         except asyncio.CancelledError:
             await self.undo(token)
@@ -629,12 +713,16 @@ class ServerLease:
                 f"releasing lock {self.name!r}: no answer before its lease ended; "
                 "the server expires the key by itself"
             )
-        return deleted
+        if reply == 2:  # handed on: the lock is taken, our next attempt goes to the queue
+            self._contended_until = time.monotonic() + _CONTENDED_HINT
+        return bool(reply)
 
     async def extend(self, token: str, ttl: float) -> bool:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
         sent = time.monotonic()
-        extended = bool(await self.wire.run(EXTEND, (self.key,), (token, to_ms(ttl))))
+        extended = bool(
+            await self.wire.run(EXTEND, (self.key, self.keys.queue), (token, to_ms(ttl)))
+        )
         self.wire.observe(time.monotonic() - sent)
         return extended
 
@@ -643,23 +731,23 @@ class ServerLease:
     ) -> Reply | None:
         """Swap ``token`` for ``heir_token`` in one script (see HANDOVER); None if it cannot.
 
-        An acquisition that replicas must acknowledge is taken on the server,
-        not handed over.
+        With ``may_yield`` the lock goes to the first live waiter of the queue
+        on the server instead, if there is one. An acquisition that replicas
+        must acknowledge is taken on the server, not handed over.
         """
         if not isinstance(heir, ServerLease) or self._replicas or heir._replicas:
             return None
-        # The client's own listener counts whether or not this lock waits by notification:
-        # another lock object on the same client and key may be subscribed.
-        own = 0 if _notify.generation_in(self._site.listeners, self._release_args[0]) is None else 1
         args = (
             token,
             heir_token,
             heir._ms,
             *self._release_args,
-            own,
             "1" if may_yield else "0",
+            "1" if heir.fencing else "0",
         )
         reply = await self.wire.run(HANDOVER, heir._acquire_keys, args)
+        if reply[0] == 2:
+            self._contended_until = time.monotonic() + _CONTENDED_HINT
         return (int(reply[0]), int(reply[1]))
 
     async def held(self) -> bool:

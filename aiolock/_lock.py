@@ -59,6 +59,10 @@ class AsyncLock(LeaseLock):
         replica_fsync: acknowledgement means written to the replicas'
             append-only files (``WAITAOF 0 replicas timeout``: the replicas
             need ``appendonly yes``), not only received.
+        fair: serve every ``acquire()`` strictly in call order, across every
+            task of every process: each waiting task gets its own entry in the
+            lock's queue on the server, none waits in a local queue, and a
+            free lock is not taken ahead of a live waiter in the queue.
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
@@ -67,13 +71,17 @@ class AsyncLock(LeaseLock):
     object's current holding. Each acquisition gets a fresh 128-bit token,
     and the server only ever deletes or extends a key holding that token.
 
-    **Fairness.** Tasks of one process waiting through one client object are
-    served first come, first served, and only the first of them sends
-    commands. A release hands the lock straight to the next of them; once
-    such a run has lasted 0.1 s it lets waiters elsewhere go first, whether
-    they are notified or poll (they raise the ``<key>:waiting`` marker while
-    they pause). Between processes (or client objects) there is no order:
-    the first attempt after a release wins.
+    **Fairness.** Waiters on different client objects (processes) are
+    served in the order they reached the lock's queue on the server: a
+    release hands the lock straight to the first live waiter in it, which
+    learns of it by a message (about one round trip). Tasks of one process
+    waiting through one client object are served first come, first served,
+    and only the first of them stands in the server's queue; a release hands
+    the lock to the next of them, and once such a run has lasted 0.1 s, to
+    the server's queue instead if anyone waits there. A lock that was not
+    released (its holder died and its lease ran out) goes to whoever asks
+    first; a queued waiter asks as the lease ends. With ``fair=True`` the
+    order is strict across every task of every process.
 
     **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
     key behind: an attempt that may have reached the server is undone with
@@ -122,6 +130,7 @@ class AsyncLock(LeaseLock):
         replicas: int = 0,
         replica_timeout: float | None = None,
         replica_fsync: bool = False,
+        fair: bool = False,
     ) -> None:
         if client.__class__ is not Redis:
             client = check_client(client)
@@ -130,10 +139,12 @@ class AsyncLock(LeaseLock):
             notify.__class__ is bool
             and fencing.__class__ is bool
             and replica_fsync.__class__ is bool
+            and fair.__class__ is bool
         ):
             check_bool("notify", notify)  # type: ignore[unreachable] # for unannotated callers
             check_bool("fencing", fencing)
             check_bool("replica_fsync", replica_fsync)
+            check_bool("fair", fair)
         if replicas.__class__ is not int or replicas or replica_timeout is not None:
             if isinstance(replicas, bool) or not isinstance(replicas, int):
                 raise TypeError(f"replicas must be an int, got {replicas!r}")
@@ -147,7 +158,16 @@ class AsyncLock(LeaseLock):
             if replica_timeout is not None:
                 replica_timeout = check_ttl(replica_timeout, "replica_timeout")
         lease = server_lease(
-            client, name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync
+            client,
+            name,
+            prefix,
+            ttl,
+            notify,
+            fencing,
+            replicas,
+            replica_timeout,
+            replica_fsync,
+            fair,
         )
         super().__init__(
             lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant

@@ -22,9 +22,17 @@ the listener logs one WARNING that names the right to grant, stops, and
 waiters poll; it asks again after :data:`REFUSED_RETRY` seconds.
 
 Generations make missed wake-ups impossible: every event on a channel (a
-message, a confirmed subscription, a broken connection) bumps its generation.
-A waiter notes the generation before each attempt and, if it moved by the
-time it would sleep, tries again at once.
+release message, a confirmed subscription, a broken connection) bumps its
+generation. A waiter notes the generation before each attempt and, if it
+moved by the time it would sleep, tries again at once.
+
+A *grant* (``g <token> <ms> <fence>``: the lock was handed to the queued
+waiter with that token, see :mod:`aiolock._scripts`) is news only to the
+subscription that expects that token (:meth:`Subscription.expect`), and
+bumps no generation: the other waiters only note how long the new holder's
+first lease runs (:meth:`Subscription.holder_until`), and wait on. The last
+few grants are remembered, so that a waiter that expects its token only
+after the message came still finds it.
 """
 
 from __future__ import annotations
@@ -71,6 +79,10 @@ REFUSED_RETRY = 60.0
 TASK_PREFIX = "aiolock-notify"
 
 
+#: How many grants a channel remembers for waiters that expect them late.
+_RECENT_GRANTS = 64
+
+
 class _State(enum.Enum):
     NEW = "new"  # not asked for on the current connection (or none yet)
     PENDING = "pending"  # SUBSCRIBE sent, not confirmed
@@ -79,7 +91,18 @@ class _State(enum.Enum):
 
 @final
 class _Channel:
-    __slots__ = ("generation", "name", "raw", "refs", "since", "state", "waiters")
+    __slots__ = (
+        "expected",
+        "generation",
+        "holder_until",
+        "name",
+        "raw",
+        "recent",
+        "refs",
+        "since",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, name: str, raw: bytes) -> None:
         self.name = name
@@ -89,6 +112,34 @@ class _Channel:
         self.state = _State.NEW
         self.since = time.monotonic()  # when it was sent (PENDING) or last left (refs == 0)
         self.waiters: set[asyncio.Future[None]] = set()
+        #: The subscriptions that wait for a grant, by token.
+        self.expected: dict[bytes, Subscription] = {}
+        #: The latest grants: token -> (lease ms, fence).
+        self.recent: dict[bytes, tuple[int, int]] = {}
+        #: When the first lease of the latest grant heard ends (monotonic; 0: none heard).
+        self.holder_until = 0.0
+
+    def granted(self, payload: bytes) -> None:
+        """A grant message: wake the waiter it names, if it is ours; wake nobody else."""
+        try:
+            _, token, ms_text, fence_text = payload.split(b" ")
+            ms = int(ms_text)
+            fence = int(fence_text)
+        except ValueError:
+            logger.debug("aiolock: a malformed grant on %r: %r", self.name, payload)
+            return
+        self.holder_until = time.monotonic() + ms / 1000
+        if len(self.recent) >= _RECENT_GRANTS:
+            del self.recent[next(iter(self.recent))]
+        self.recent[token] = (ms, fence)
+        subscription = self.expected.get(token)
+        if subscription is not None:
+            subscription.granted = (ms, fence)
+        # Everyone wakes to note the new holder's lease (no generation: no news to act on).
+        for future in self.waiters:
+            if not future.done():
+                future.set_result(None)
+        self.waiters.clear()
 
     def bump(self) -> None:
         """Record an event and wake everyone waiting on this channel."""
@@ -379,7 +430,11 @@ class _Listener:
         if channel is None:
             return  # a PONG, or news of a channel already forgotten
         if kind in (b"message", b"smessage"):
-            channel.bump()
+            payload = reply[2] if len(reply) > 2 else b""
+            if isinstance(payload, bytes) and payload.startswith(b"g "):
+                channel.granted(payload)
+            else:
+                channel.bump()
         elif kind in (b"subscribe", b"ssubscribe"):
             if channel.state is _State.PENDING:
                 channel.state = _State.LIVE
@@ -397,22 +452,48 @@ class _Listener:
 class Subscription:
     """One waiter's hold on a channel of a :class:`_Listener`."""
 
-    __slots__ = ("_channel", "_closed", "_listener", "_seen")
+    __slots__ = ("_channel", "_closed", "_listener", "_seen", "_token", "granted")
 
     def __init__(self, listener: _Listener, channel: _Channel, seen: int) -> None:
         self._listener = listener
         self._channel = channel
         self._seen = seen
         self._closed = False
+        self._token: bytes | None = None
+        #: ``(lease ms, fence)`` once a grant to the expected token was heard, else None.
+        self.granted: tuple[int, int] | None = None
 
     def mark(self) -> None:
         """Note the channel's generation: call it before each attempt."""
         self._seen = self._channel.generation
 
+    def expect(self, token: str) -> None:
+        """Wake for a grant to ``token`` too (a grant heard already counts)."""
+        raw = token.encode()
+        if self._token != raw:
+            self._forget_token()
+            self._token = raw
+            self._channel.expected[raw] = self
+        self.granted = self._channel.recent.get(raw)
+
+    @property
+    def live(self) -> bool:
+        """Whether releases can reach us: subscribed, or asked and not refused nor broken."""
+        return self._channel.state is not _State.NEW and not self._listener.refused()
+
+    def holder_until(self) -> float:
+        """When the first lease of the latest grant heard on the channel ends (monotonic)."""
+        return self._channel.holder_until
+
     async def wait(self, delay: float) -> bool:
-        """Sleep up to ``delay`` seconds, less if the channel has news; True if it had."""
+        """Sleep up to ``delay`` seconds, less if the channel has news or our grant came.
+
+        Returns True if it had (then :attr:`granted` tells which). A grant to
+        another waiter ends the sleep too, returning False: the caller looks
+        at :meth:`holder_until` and sleeps again.
+        """
         channel = self._channel
-        if channel.generation != self._seen:
+        if channel.generation != self._seen or self.granted is not None:
             await anyio.lowlevel.checkpoint()
             return True
         if delay <= 0:
@@ -423,17 +504,23 @@ class Subscription:
         try:
             with anyio.move_on_after(delay):
                 await future
-                return True
         finally:
             channel.waiters.discard(future)
             if not future.done():
                 future.cancel()
-        return False
+        return channel.generation != self._seen or self.granted is not None
+
+    def _forget_token(self) -> None:
+        if self._token is not None:
+            if self._channel.expected.get(self._token) is self:
+                del self._channel.expected[self._token]
+            self._token = None
 
     def close(self) -> None:
         """Give the channel back (idempotent)."""
         if not self._closed:
             self._closed = True
+            self._forget_token()
             self._listener.unref(self._channel)
 
 

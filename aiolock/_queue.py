@@ -14,16 +14,9 @@ first of them (:meth:`LocalQueue.reserve` and :meth:`LocalQueue.give`): one
 script swaps the token on the server, and the waiter wakes up holding the
 lock (a :class:`Grant`), one round trip instead of two. Such a local run
 yields to waiters in other processes once it has lasted :data:`LOCAL_RUN`
-seconds: the releaser then deletes the key and announces it, and the next
-local task first waits (a :class:`Yield`) so that they can take it.
-
-The releaser sees waiters elsewhere in two ways: they listen on the lock's
-release channel (``PUBSUB NUMSUB``), or they raised the lock's *waiting
-marker*, a key next to the lock key that a failed attempt sets for as long as
-the waiter means to pause before its next attempt, plus :data:`MARK_SLACK`.
-The marker finds waiters that cannot be notified (``notify=False``, or a cut
-pub/sub connection); its remaining lifetime tells when such a waiter will try
-next, and the yielding process waits until then (at most :data:`YIELD_CAP`).
+seconds: the releaser's script then hands the lock to the first live waiter
+of the lock's queue on the server instead, if there is one (DESIGN.md
+§3.4), and the next local task goes to that queue (a :data:`Turn.CONTEND`).
 """
 
 from __future__ import annotations
@@ -43,53 +36,22 @@ from ._timers import Cutoff
 
 __all__ = [
     "LOCAL_RUN",
-    "MARK_CAP",
-    "MARK_SLACK",
-    "YIELD_CAP",
-    "YIELD_WAIT",
     "Entry",
     "Grant",
     "Heir",
     "LocalQueue",
     "Turn",
     "Undo",
-    "Yield",
     "existing_queue",
     "queue_for",
     "queues_of",
-    "yield_wait",
 ]
 
 #: Seconds a run of local hand-overs may keep the lock while other processes wait.
 LOCAL_RUN: Final = 0.1
-#: Seconds the next local task waits, after a run yielded, before it tries anyway.
-YIELD_WAIT: Final = 0.005
-#: Seconds a waiter's marker outlives the pause it announces (its next attempt may be late).
-MARK_SLACK: Final = 0.25
-#: The longest a waiter's marker lives without being set again (and not longer than the
-#: lease): a waiter that dies leaves it at most this long; a live one with a longer pause
-#: sets it again every half of it.
-MARK_CAP: Final = 2.0
-#: The longest the next local task waits for a polling waiter elsewhere to try.
-YIELD_CAP: Final = 0.5
-#: Seconds allowed for a polling waiter's attempt to reach the server after its pause.
-_YIELD_MARGIN: Final = 0.02
 #: How many queues a client keeps once they are empty (for the next acquisition of
 #: the same key); beyond that an emptied queue is dropped.
 _KEEP_IDLE: Final = 64
-
-
-def yield_wait(marker_pttl_ms: int) -> float:
-    """How long to let waiters elsewhere go first, given the waiting marker's PTTL.
-
-    Without a marker (``marker_pttl_ms < 0``) only notified waiters were
-    seen, and they come at once: :data:`YIELD_WAIT`. With one, until the
-    polling waiter's announced next attempt, within ``[YIELD_WAIT, YIELD_CAP]``.
-    """
-    if marker_pttl_ms < 0:
-        return YIELD_WAIT
-    due = marker_pttl_ms / 1000 - MARK_SLACK + _YIELD_MARGIN
-    return min(max(due, YIELD_WAIT), YIELD_CAP)
 
 
 class Turn(enum.Enum):
@@ -108,17 +70,6 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
-class Yield:
-    """The releaser yielded to waiters elsewhere: let them go first for ``seconds``.
-
-    The waiter tries on the server once that pause is over (or at a release
-    message), if they have not taken the lock meanwhile.
-    """
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
 class Undo:
     """A hand-over whose outcome is unknown (cut off at the releaser's lease end).
 
@@ -130,7 +81,7 @@ class Undo:
     token: str
 
 
-Ticket = Grant | Turn | Undo | Yield
+Ticket = Grant | Turn | Undo
 
 
 class Heir(Protocol):
@@ -212,8 +163,8 @@ class LocalQueue:
         """Wait for the baton until ``deadline`` (``time.monotonic()``).
 
         Returns None if the deadline passed first, else what came with the
-        baton: a :class:`Grant` (the lock, handed over), a :class:`Yield` or a
-        :class:`Turn`.
+        baton: a :class:`Grant` (the lock, handed over), an :class:`Undo` or
+        a :class:`Turn`.
 
         Raises:
             LockError: ``task`` already holds the baton (it holds or waits for

@@ -99,13 +99,15 @@ class QuorumLease:
         "_node_timeout",
         "_nodes",
         "_queues",
+        "accepts_grants",
         "bare_first",
         "fencing",
         "gone",
         "key",
-        "marks",
         "name",
+        "queues",
         "quorum",
+        "refresh_every",
         "span",
         "ttl",
     )
@@ -120,7 +122,9 @@ class QuorumLease:
         #: How many nodes must agree: a majority.
         self.quorum = len(self._nodes) // 2 + 1
         self.bare_first = True
-        self.marks = False
+        self.queues = False
+        self.accepts_grants = False
+        self.refresh_every = math.inf
         self.fencing = False
         self.gone = "a majority of the nodes no longer held our key"
         # The tasks of this object wait here; the first one talks to the nodes.
@@ -224,20 +228,23 @@ class QuorumLease:
                 failed[-1],
             )
 
-    async def unmark(self, waiter: str, call: Call | None = None) -> None:
-        """No waiting marker on a quorum."""
+    async def leave(self, call: Call) -> None:
+        """No queue on a quorum: its waiters race (a queue would need one order on a majority)."""
 
-    async def mark(self, waiter: str, mark_ms: int, until: float, task: asyncio.Task[Any]) -> None:
-        """No waiting marker on a quorum."""
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+        """No queue entry on a quorum."""
+        return None
+
+    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+        """Not known on a quorum without asking every node: None."""
+        return None
 
     # -- acquire -----------------------------------------------------------------------
 
     async def attempt(
         self,
-        token: str,
         deadline: float | None,
-        waiter: str | None,
-        mark_ms: int,
+        queue_up: bool,
         task: asyncio.Task[Any],
         spare: Timer | None,
         call: Call,
@@ -254,6 +261,8 @@ class QuorumLease:
             Exception: every node failed with an error; the last node's.
         """
         ttl = self.ttl
+        token = call.token
+        call.attempts += 1
         sent = time.monotonic()
         try:
             outcomes = await self._on_every_node(lambda node: node.take(token), patient=True)

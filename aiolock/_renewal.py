@@ -147,7 +147,7 @@ async def keep_alive(
         # Both read now: an extend() that ends while this renewal is in flight changes
         # them, and the renewal's late reply must not mix its lease with the extend's.
         ttl = holding.ttl
-        span = holding.span
+        span = lease.counted(ttl)  # a grant's first lease is shorter; renewals ask for ttl
         try:
             with anyio.move_on_after(holding.lease_end - sent):
                 ok = await lease.extend(holding.token, ttl)

@@ -8,6 +8,23 @@ formatting.
 
 All keys one script touches share the lock's hash slot: the lock key is
 ``<prefix>{<name>}`` and its companions append a suffix after the ``}``.
+
+The queue between processes (DESIGN.md §3.4) is a list of tokens,
+``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
+token``, whose value is the lease a grant gives it (``'<ms>'``, or
+``'<ms>f'`` when it wants a fence). An entry lives while its waiter
+refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
+dead waiter's, and is dropped when met. Entry keys are the only keys a
+script names without ``KEYS``: a releaser cannot know the next waiter's
+token before it reads the list. They share the lock's slot, which Redis and
+Valkey clusters allow.
+
+Every script that frees the lock hands it instead to the first live waiter
+of the queue (``grant_next``): the key takes that waiter's token with the
+lease its entry asks for, and ``g <token> <ms> <fence>`` goes out on the
+lock's channel, which wakes that waiter alone. Only with nobody queued is
+the key deleted and an empty message published (which wakes every waiter
+of the channel, as before the queue).
 """
 
 from __future__ import annotations
@@ -15,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from typing import final
 
-__all__ = ["ACQUIRE", "EXTEND", "HANDOVER", "RELEASE", "UNMARK", "Script"]
+__all__ = ["ACQUIRE", "EXTEND", "HANDOVER", "LEAVE", "QUEUE_SLACK_MS", "RELEASE", "Script"]
 
 
 @final
@@ -34,8 +51,12 @@ class Script:
         return f"<Script {self.sha[:12]}>"
 
 
-# The next fence of a lock (KEYS[3] of ACQUIRE and HANDOVER): one more than the
-# last, and never below the server's clock in microseconds. The floor keeps
+#: How long the queue outlives the lease of the lock it was last extended with (ms).
+#: More than an entry's life: a waiter that watches the holder's lease acts well before.
+QUEUE_SLACK_MS = 2500
+
+# The next fence of a lock (KEYS[3] of every script that can take or grant the
+# lock): one more than the last, and never below the server's clock in microseconds. The floor keeps
 # fences increasing across a restart that lost the counter (no persistence, or
 # a failover to a replica without it): otherwise the first holder after the
 # restart would get fence 1 while a stale holder from before still writes with
@@ -55,70 +76,135 @@ local function next_fence(key)
 end
 """
 
-# ACQUIRE
-#   KEYS[1]  the lock key
-#   KEYS[2]  the waiting marker: present while someone elsewhere waits
-#   KEYS[3]  (only with fencing) the fencing counter
-#   ARGV[1]  the new holder's token
-#   ARGV[2]  the lease in milliseconds
-#   ARGV[3]  the waiter's id (one per acquisition; '' when it will not wait)
-#   ARGV[4]  how long the marker must last if the attempt fails, in ms ('0': no marker)
-# Returns {1, fence} when the lock was taken (fence is 0 without KEYS[3]),
-# or {0, pttl} when someone holds it (pttl as PTTL reports it: the remaining
-# lease in ms, -1 for a key without expiry, -2 if it vanished meanwhile).
-# A failed attempt that will wait sets the marker to the waiter's id; a
-# successful one deletes the marker if the waiter was the last to set it (a
-# marker set since by another waiter is theirs to keep up).
-ACQUIRE = Script(
+# Best-effort announcements, and the grant rule every script that frees the lock
+# follows. KEYS[1] the lock, KEYS[2] the queue, KEYS[3] the fencing counter.
+_GRANT = (
     _NEXT_FENCE
     + """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then
-        redis.call('DEL', KEYS[2])
+local function announce(channel, sharded, payload)
+    if sharded == '1' then
+        redis.pcall('SPUBLISH', channel, payload)
+    else
+        redis.pcall('PUBLISH', channel, payload)
     end
-    if KEYS[3] then
+end
+
+local function grant_next(channel, sharded)
+    while true do
+        local heir = redis.call('LPOP', KEYS[2])
+        if not heir then
+            return false
+        end
+        local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
+        if wants then
+            local ms, fenced = string.match(wants, '^(%d+)(f?)$')
+            redis.call('SET', KEYS[1], heir, 'PX', ms)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+            local fence = 0
+            if fenced == 'f' then
+                fence = next_fence(KEYS[3])
+            end
+            local fenced_text = string.format('%d', fence)
+            announce(channel, sharded, 'g ' .. heir .. ' ' .. ms .. ' ' .. fenced_text)
+            return tonumber(ms)
+        end
+    end
+end
+"""
+)
+
+# ACQUIRE (an attempt; a waiter's attempt also puts it in the queue)
+#   KEYS[1]  the lock key
+#   KEYS[2]  the queue
+#   KEYS[3]  the fencing counter (touched only with fencing, or for a fencing heir)
+#   ARGV[1]  the token
+#   ARGV[2]  the lease in milliseconds
+#   ARGV[3]  the entry to queue with if the lock is not taken ('<ms>' or '<ms>f': the
+#            lease a grant gives, and whether it wants a fence); '' to not queue
+#   ARGV[4]  the entry's life in milliseconds
+#   ARGV[5]  '1' if the caller may be queued already (or even granted the lock)
+#   ARGV[6]  '1' with fencing
+#   ARGV[7]  the lock's channel
+#   ARGV[8]  '1' on a cluster (sharded pub/sub)
+# Returns {1, fence} when the caller holds the lock now (fence 0 without fencing):
+# it was granted it (its lease starts again), or the lock was free and nobody
+# alive was queued before it. Otherwise {0, pttl}: the holder's remaining lease in
+# ms (-1: no expiry); a free lock with a live waiter queued first is granted to
+# that waiter (pttl is then its lease). Unless ARGV[3] is '', the caller is then
+# in the queue, once; its entry lives ARGV[4] ms.
+ACQUIRE = Script(
+    _GRANT
+    + """
+local mine = KEYS[2] .. ':' .. ARGV[1]
+local function taken()
+    if ARGV[6] == '1' then
         return {1, next_fence(KEYS[3])}
     end
     return {1, 0}
 end
-if ARGV[4] ~= '0' then
-    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+if ARGV[5] == '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('DEL', mine)
+    return taken()
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then
+    local head = redis.call('LINDEX', KEYS[2], 0)
+    while head and head ~= ARGV[1] and redis.call('EXISTS', KEYS[2] .. ':' .. head) == 0 do
+        redis.call('LPOP', KEYS[2])
+        head = redis.call('LINDEX', KEYS[2], 0)
+    end
+    if not head or head == ARGV[1] then
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+        if head then
+            redis.call('LPOP', KEYS[2])
+            redis.call('DEL', mine)
+            redis.call('PEXPIRE', KEYS[2], ARGV[2] + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+        end
+        return taken()
+    end
+    pttl = grant_next(ARGV[7], ARGV[8])
+end
+if ARGV[3] ~= '' then
+    local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
+    if not had or (ARGV[5] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1])) then
+        redis.call('RPUSH', KEYS[2], ARGV[1])
+    end
+    local life = pttl
+    if life < 0 then
+        life = 0
+    end
+    redis.call('PEXPIRE', KEYS[2], life + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+end
+return {0, pttl}
 """
 )
 
-# UNMARK (a waiter that gives up)
-#   KEYS[1]  the waiting marker
-#   ARGV[1]  the waiter's id
-# Deletes the marker if this waiter was the last to set it. Returns 1 if it did.
-UNMARK = Script(
-    """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-)
-
-# RELEASE
+# LEAVE (a waiter that gives up: cancelled, timed out, failed; also the undo of an attempt)
 #   KEYS[1]  the lock key
-#   ARGV[1]  the holder's token
-#   ARGV[2]  the release channel
-#   ARGV[3]  '1' to announce with SPUBLISH (cluster), anything else: PUBLISH
-# Deletes the key only if it still holds the token, then announces the
-# release. Returns 1 if it deleted the key, 0 if the key was not ours.
-# The announcement is best effort (redis.pcall): a server that refuses it (a
-# user without channel rights, a server without SPUBLISH) must not turn a
-# release that deleted the key into an error; waiters then poll.
-RELEASE = Script(
-    """
+#   KEYS[2]  the queue
+#   KEYS[3]  the fencing counter (for a fencing heir)
+#   ARGV[1]  the waiter's token
+#   ARGV[2]  the lock's channel
+#   ARGV[3]  '1' on a cluster (sharded pub/sub)
+# Takes the waiter out of the queue. If the lock holds its token (a grant, or an
+# attempt, that raced the giving up), frees it by the grant rule, so the next
+# waiter gets it. Returns 1 if the lock held the token, else 0.
+LEAVE = Script(
+    _GRANT
+    + """
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    if ARGV[3] == '1' then
-        redis.pcall('SPUBLISH', ARGV[2], '')
-    else
-        redis.pcall('PUBLISH', ARGV[2], '')
+    if not grant_next(ARGV[2], ARGV[3]) then
+        redis.call('DEL', KEYS[1])
+        announce(ARGV[2], ARGV[3], '')
     end
     return 1
 end
@@ -126,15 +212,48 @@ return 0
 """
 )
 
+# RELEASE
+#   KEYS[1]  the lock key
+#   KEYS[2]  the queue
+#   KEYS[3]  the fencing counter (for a fencing heir)
+#   ARGV[1]  the holder's token
+#   ARGV[2]  the lock's channel
+#   ARGV[3]  '1' on a cluster (sharded pub/sub)
+# If the key holds the token: hands the lock to the first live waiter of the queue
+# and returns 2; with nobody queued, deletes the key, announces the release and
+# returns 1. Returns 0 (touching nothing) if the key was not ours. The
+# announcements are best effort (redis.pcall): a server that refuses them (a user
+# without channel rights, a server without SPUBLISH) must not turn a release into
+# an error; waiters then find their grant, or the free lock, when they check.
+RELEASE = Script(
+    _GRANT
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+if grant_next(ARGV[2], ARGV[3]) then
+    return 2
+end
+redis.call('DEL', KEYS[1])
+announce(ARGV[2], ARGV[3], '')
+return 1
+"""
+)
+
 # EXTEND
 #   KEYS[1]  the lock key
+#   KEYS[2]  the queue
 #   ARGV[1]  the holder's token
 #   ARGV[2]  the new lease in milliseconds
-# Resets the lease only if the key still holds the token. Returns 1 if it
-# did, 0 if the key is gone or belongs to someone else.
+# Resets the lease only if the key still holds the token, and keeps the queue (if
+# any) for that long plus its slack. Returns 1 if it did, 0 if the key is gone or
+# belongs to someone else.
 EXTEND = Script(
     """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2] + """
+    + str(QUEUE_SLACK_MS)
+    + """)
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -144,56 +263,36 @@ return 0
 
 # HANDOVER (a release straight to the next waiter of the same process)
 #   KEYS[1]  the lock key
-#   KEYS[2]  the waiting marker (see ACQUIRE)
-#   KEYS[3]  (only if the next holder uses fencing) the fencing counter
+#   KEYS[2]  the queue
+#   KEYS[3]  the fencing counter
 #   ARGV[1]  the releasing holder's token
 #   ARGV[2]  the next holder's token
 #   ARGV[3]  the next holder's lease in milliseconds
-#   ARGV[4]  the release channel
-#   ARGV[5]  '1' on a cluster (sharded pub/sub), anything else: classic pub/sub
-#   ARGV[6]  how many subscribers of the channel are the releaser's own process
-#   ARGV[7]  '1' if the releaser should let waiters elsewhere go first
-# Returns {0, 0} if the key was not the releaser's (nothing is touched);
-# {2, marker} if it released the key and announced it, because ARGV[7] is '1'
-# and someone elsewhere waits for the lock: more than ARGV[6] subscribers
-# listen on the channel (they come at once: `marker` is -2), or else a waiter
-# that polls raised the marker (`marker` is its PTTL in ms: when that waiter
-# tries next, plus the slack); otherwise {1, fence}: the key now holds the next
-# holder's token and lease (fence as in ACQUIRE). Counting and announcing are
-# best effort, as in RELEASE: a refused count counts no listener.
+#   ARGV[4]  the lock's channel
+#   ARGV[5]  '1' on a cluster (sharded pub/sub)
+#   ARGV[6]  '1' if the lock should go to the queue's first live waiter, if there is one
+#   ARGV[7]  '1' if the next holder fences
+# Returns {0, 0} if the key was not the releaser's (nothing is touched); {2, ms}
+# if it went to the queue's first live waiter instead (ARGV[6]; ms: its lease);
+# otherwise {1, fence}: the key now holds the next holder's token and lease (fence
+# as in ACQUIRE), and the queue, if any, lives that long plus its slack.
 HANDOVER = Script(
-    _NEXT_FENCE
+    _GRANT
     + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {0, 0}
 end
-if ARGV[7] == '1' then
-    local counted
-    if ARGV[5] == '1' then
-        counted = redis.pcall('PUBSUB', 'SHARDNUMSUB', ARGV[4])
-    else
-        counted = redis.pcall('PUBSUB', 'NUMSUB', ARGV[4])
-    end
-    local listening = 0
-    if type(counted) == 'table' and not counted.err then
-        listening = counted[2]
-    end
-    local marker = -2
-    if listening <= tonumber(ARGV[6]) then
-        marker = redis.call('PTTL', KEYS[2])
-    end
-    if listening > tonumber(ARGV[6]) or marker ~= -2 then
-        redis.call('DEL', KEYS[1])
-        if ARGV[5] == '1' then
-            redis.pcall('SPUBLISH', ARGV[4], '')
-        else
-            redis.pcall('PUBLISH', ARGV[4], '')
-        end
-        return {2, marker}
+if ARGV[6] == '1' then
+    local granted = grant_next(ARGV[4], ARGV[5])
+    if granted then
+        return {2, granted}
     end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-if KEYS[3] then
+redis.call('PEXPIRE', KEYS[2], ARGV[3] + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+if ARGV[7] == '1' then
     return {1, next_fence(KEYS[3])}
 end
 return {1, 0}

@@ -95,13 +95,6 @@ class Wire:
         except RuntimeError as exc:
             raise translated(exc) from None
 
-    async def set_px(self, key: str, value: str, ms: int) -> None:
-        """``SET key value PX ms``."""
-        try:
-            await self.client.execute_command("SET", key, value, "PX", ms)
-        except RuntimeError as exc:
-            raise translated(exc) from None
-
     async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply."""
         try:
@@ -144,6 +137,20 @@ class Wire:
         """``GET key``."""
         try:
             return await self.client.execute_command("GET", key)
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
+    async def pexpire(self, key: str, ms: int) -> bool:
+        """``PEXPIRE key ms``: whether the key was there."""
+        try:
+            return bool(await self.client.execute_command("PEXPIRE", key, ms))
+        except RuntimeError as exc:
+            raise translated(exc) from None
+
+    async def pttl(self, key: str) -> int:
+        """``PTTL key``: ms left, -1 without expiry, -2 when there is no key."""
+        try:
+            return int(await self.client.execute_command("PTTL", key))
         except RuntimeError as exc:
             raise translated(exc) from None
 

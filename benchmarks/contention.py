@@ -195,8 +195,8 @@ class Locker(Protocol):
 class AiolockLocker:
     """aiolock with every default: one ``AsyncLock`` object for the coroutine's life."""
 
-    def __init__(self, client: Redis, key: str) -> None:
-        self._lock = AsyncLock(client, key, ttl=LEASE)
+    def __init__(self, client: Redis, key: str, *, fair: bool = False) -> None:
+        self._lock = AsyncLock(client, key, ttl=LEASE, fair=fair)
 
     async def acquire(self, timeout: float) -> bool:  # noqa: ASYNC109
         """Acquire with aiolock's own timeout."""

@@ -32,6 +32,7 @@ from support import all_keys, connections_made, eventually, names, names_value, 
 from aiolock import AsyncLock, backoff
 from aiolock._checks import MAX_SECONDS
 from aiolock._keys import Keys
+from aiolock._lease import ENTRY_CAP
 from aiolock.testing import RedisServer, free_port
 
 NAN = float("nan")
@@ -219,24 +220,30 @@ async def test_a_built_in_policy_pausing_longer_than_the_server_keeps_is_refused
     await assert_nothing_left(client, admin, name)
 
 
-async def test_the_longest_backoff_delay_is_a_marker_the_server_keeps(
+async def test_the_longest_backoff_delay_is_accepted_and_the_waiter_still_gets_in(
     client: redis.asyncio.Redis,
     other_client: redis.asyncio.Redis,
     admin: redis.asyncio.Redis,
     name: str,
     no_leaks: None,
 ) -> None:
-    """Issue 17: a waiter pausing MAX_SECONDS marks the server and gets the lock; above fails."""
+    """Issue 17: a waiter pausing MAX_SECONDS queues (its entry lives ENTRY_CAP) and gets the lock.
+
+    Above MAX_SECONDS the policy is refused. The pause no longer sets any
+    lifetime on the server (the waiting marker's did): the entry lives
+    min(ttl, ENTRY_CAP) and is refreshed.
+    """
     with pytest.raises(ValueError, match=names_the_limit("delay", ABOVE_MAX)):
         backoff.constant(ABOVE_MAX)
     holder = AsyncLock(other_client, name, ttl=5.0)
     assert await holder.acquire()
     waiter = AsyncLock(client, name, ttl=5.0, backoff=backoff.constant(MAX_SECONDS))
-    waiting = asyncio.create_task(waiter.acquire())  # no timeout: the marker lasts the pause
+    waiting = asyncio.create_task(waiter.acquire())  # no timeout
     try:
-        marker = Keys(name).marker
-        await eventually(lambda: admin.exists(marker), "the waiting marker is up")
-        assert await admin.pttl(marker) > 0
+        queue = Keys(name).queue
+        await eventually(lambda: admin.exists(queue), "the waiter queued")
+        (entry,) = await admin.keys(f"{queue}:*")
+        assert 0 < await admin.pttl(entry) <= ENTRY_CAP * 1000
         await holder.release()
         assert await asyncio.wait_for(waiting, 5.0)
         await waiter.release()

@@ -375,7 +375,7 @@ def test_a_signal_while_waiting_stops_the_wait_without_running_the_command(
     waiter = cli.start(
         "run", name, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"
     )
-    wait_for(lambda: db.exists(Keys(name).marker) == 1, "the waiter to wait (its marker key)")
+    wait_for(lambda: db.exists(Keys(name).queue) == 1, "the waiter to wait (in the queue)")
     os.kill(waiter.pid, signal.SIGTERM)
     result = waiter.finish(timeout=5)
     assert result.returncode == 128 + signal.SIGTERM, result
@@ -673,8 +673,11 @@ def test_a_signal_while_aiolock_closes_after_the_release_is_ignored(
     """Regression (issue 6 review): SIGINT after the release, while closing, is no traceback."""
     db.set(key, "someone-else", px=20_000)
     job = cli.start("run", "--fencing", name, "--", "true")
-    wait_for(lambda: db.exists(Keys(name).marker) == 1, "the waiter to wait (its marker key)")
+    wait_for(lambda: db.exists(Keys(name).queue) == 1, "the waiter to wait (in the queue)")
+    # Free the lock as a release does: delete it and announce it (a bare DEL wakes no
+    # queued waiter before the lease it saw would have ended).
     db.delete(key)
+    db.publish(Keys(name).channel, "")
     # It takes the lock (the fence counter appears), runs `true` and releases it; then it
     # closes its client, which waits (about 0.25 s) for the release listener its wait
     # started to linger and end. The signal comes in that window.

@@ -243,7 +243,7 @@ def key_of(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 def names_of(keys: Keys) -> tuple[str, ...]:
     """The lock key and every companion key or channel of one lock."""
-    return (keys.lock, keys.marker, keys.fence, keys.channel)
+    return (keys.lock, keys.queue, keys.entry("token"), keys.fence, keys.channel)
 
 
 def spread_names(cluster: LocalCluster, tag: str, per_master: int) -> list[str]:
@@ -347,7 +347,7 @@ SCRIPT_NAMES: Final = {
     scripts.HANDOVER.sha: "handover",
     scripts.RELEASE.sha: "release",
     scripts.EXTEND.sha: "extend",
-    scripts.UNMARK.sha: "unmark",
+    scripts.LEAVE.sha: "leave",
 }
 
 
@@ -440,8 +440,13 @@ def classify(ran: list[Ran], tag: str, owners: dict[int, int]) -> Paths:
                 counts["spublish"] += 1
                 if owners[LocalCluster.slot_for_key(args[1])] != record.port:
                     cross.append(record)
-            elif verb == "PUBSUB" and len(args) > 2 and tag in args[2]:
-                counts[f"pubsub {args[1].lower()}"] += 1
+            elif len(args) > 1 and tag in args[1]:
+                # Every key a script touches, the queue's entries (named in the script,
+                # not in KEYS) included, is in the slot of the master that runs it.
+                if verb == "GETDEL":
+                    counts["grant"] += 1
+                if owners.get(LocalCluster.slot_for_key(args[1])) != record.port:
+                    cross.append(record)
             continue
         if verb == "SET" and tag in args[1] and "NX" in (a.upper() for a in args):
             counts["bare set"] += 1
@@ -449,8 +454,11 @@ def classify(ran: list[Ran], tag: str, owners: dict[int, int]) -> Paths:
         elif verb == "EVALSHA" and args[1] in SCRIPT_NAMES and tag in args[3]:
             keys = args[3 : 3 + int(args[2])]
             label = SCRIPT_NAMES[args[1]]
-            if label in ("acquire", "handover"):
-                label += " with fence" if len(keys) == 3 else " without fence"
+            # The fencing flag: ACQUIRE's ARGV[6], HANDOVER's ARGV[7] (the heir's).
+            flag = {"acquire": 5, "handover": 6}.get(label)
+            if flag is not None:
+                fenced = args[3 + len(keys) + flag] == "1"
+                label += " with fence" if fenced else " without fence"
             counts[label] += 1
             if label == "extend":
                 extends[keys[0]] += 1
@@ -482,10 +490,11 @@ async def test_contention_over_names_on_every_master(
 
     Every acquisition path runs on the master that owns the lock's slot, with
     all keys of each script in that slot: the bare ``SET`` of a first attempt,
-    the acquire script without and with fencing (3 keys), the local hand-over
-    script (to tasks of the same client) with and without fencing, release
-    (announced by ``SPUBLISH``), and renewal of holdings kept past three
-    leases. No master refused a lock command (CROSSSLOT, MOVED...) or failed
+    the acquire script without and with fencing, the local hand-over script
+    (to tasks of the same client) with and without fencing, release
+    (announced by ``SPUBLISH``), grants to waiters in the queue (whose entry
+    keys the scripts name themselves), and renewal of holdings kept past
+    three leases. No master refused a lock command (CROSSSLOT, MOVED...) or failed
     one but for NOSCRIPT (which redis-py answers), no task failed, and fences
     only went up.
     """
@@ -564,7 +573,7 @@ async def test_contention_over_names_on_every_master(
         "release",
         "spublish",
         "extend",
-        "pubsub shardnumsub",  # a hand-over after a long local run looks for waiters elsewhere
+        "grant",  # a release (or a long local run) hands the lock to a queued waiter
     ):
         assert paths.counts[path] > 0, f"the {path!r} path never ran: {dict(paths.counts)}"
     assert len(long_holds) == CLIENTS
@@ -770,7 +779,7 @@ async def exercise(client_a: RedisCluster, client_b: RedisCluster, name: str, pr
     waiter = AsyncLock(client_b, name, prefix=prefix, ttl=5.0, fencing=True)
     assert await holder.acquire(blocking=False)
     try:
-        assert await waiter.acquire(timeout=0.02) is False  # acquire script, waiting marker
+        assert await waiter.acquire(timeout=0.02) is False  # acquire script, the queue
     finally:
         await holder.release()  # release script, SPUBLISH
     assert await waiter.acquire(blocking=False)
@@ -783,7 +792,7 @@ async def test_lock_keys_and_companions_share_one_slot(
 ) -> None:
     """For names with braces or unicode and prefixes with braces, a lock's keys share one slot.
 
-    ``<key>``, ``<key>:waiting``, ``<key>:fence`` and ``<key>:released``
+    ``<key>``, ``<key>:queue``, its entries, ``<key>:fence`` and ``<key>:released``
     hash to one slot (as the cluster computes it), and acquiring, contending
     with fencing, and releasing run on that slot's master without error.
     """

@@ -70,7 +70,7 @@ from aiolock import (
     backoff,
 )
 from aiolock._checks import MAX_MS, MAX_SECONDS
-from aiolock._queue import MARK_CAP
+from aiolock._lease import ENTRY_CAP
 from aiolock.testing import RedisServer
 
 #: A lock under the contract (a new primitive joins this union).
@@ -134,6 +134,15 @@ class Subject:
         if index not in self._processes:
             self._processes[index] = self.connect()
         return self._processes[index]
+
+    @property
+    def polling(self) -> dict[str, Any]:
+        """Options that make the primitive's waiters poll with their backoff policy.
+
+        A notified waiter in a queue on the server waits for its grant and
+        draws no delay; Redlock's waiters always poll.
+        """
+        return {"notify": False} if self.kind == "AsyncLock" else {}
 
     def make_lock(
         self,
@@ -479,8 +488,9 @@ async def test_a_server_that_stops_answering_mid_wait_is_told_within_the_bound(
         proxies, clients = await slow_clients(subject, start_proxy, 0.0)
     else:
         proxies, clients = [], subject.connect()
-    # The pause to the deadline outlives the marker (min(ttl, 2 s)): the waiter raises it
-    # again after 0.5 s, into the silent server (that, too, must not hold the call up).
+    # The wait to the deadline outlives the refresh period of the waiter's queue entry
+    # (0.7 of min(ttl, 2 s)): it refreshes the entry into the silent server (that, too,
+    # must not hold the call up).
     waiter = subject.make_lock(clients=clients, ttl=1.0, backoff=backoff.constant(5))
     assert await waiter.acquire(blocking=False) is False  # connected, the link measured
     stopped: list[RedisServer] = []
@@ -508,9 +518,9 @@ async def test_a_server_that_stops_answering_mid_wait_is_told_within_the_bound(
             srv.resume()
     assert await holder.owned()
     await holder.release()
-    # Whatever the stopped servers ran late, and the marker the call had no time to
-    # take down, expire by themselves: within the marker's cap.
-    await eventually(_none_left(subject), "the waiter's keys to expire", timeout=MARK_CAP + SLACK)
+    # Whatever the stopped servers ran late, and the queue entry the call had no time to
+    # take out, expire by themselves: within the entry's cap (a grant to it included).
+    await eventually(_none_left(subject), "the waiter's keys to expire", timeout=ENTRY_CAP + SLACK)
 
 
 # --- a waiter killed mid-backoff (issue 17) ------------------------------------------------------
@@ -554,10 +564,10 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
     """Regression (issue 17): SIGKILL a waiter in a 30 s step; nothing of it outlives 2 s.
 
     The holder releases as the waiter dies. What the waiter left on the
-    server (its waiting marker, where the primitive has one) is gone within
+    server (its queue entry, where the primitive has a queue) is gone within
     ``min(ttl, 2 s)`` + 1 s of the release, and then 10 coroutines of
     another process get at least half the acquisitions per second they got
-    before the waiter came. Before, the marker lived for the whole step
+    before the waiter came. Before, its waiting marker lived for the whole step
     (30 s), and that process's local runs kept yielding to the dead waiter
     (1,934 acquisitions/s fell to ~400).
     """
@@ -582,8 +592,8 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
         assert line == b"waiting\n"
         await asyncio.sleep(0.5)  # its first attempt failed; it is in its 30 s step
         if subject.kind == "AsyncLock":
-            marker = keys_of(holder).marker
-            assert await subject.admins[0].exists(marker), "the waiter raised no marker"
+            queue = keys_of(holder).queue
+            assert await subject.admins[0].exists(queue), "the waiter did not queue"
         waiter.kill()
         await waiter.wait()
     finally:
@@ -593,7 +603,7 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
         await holder.release()
     released = time.monotonic()
     await eventually(_none_left(subject), "the dead waiter's keys to expire", timeout=3.0 + SLACK)
-    assert time.monotonic() - released <= min(10.0, MARK_CAP) + 1.0
+    assert time.monotonic() - released <= min(10.0, ENTRY_CAP) + 1.0
     after = await acquisitions_in(workers, 0.5)
     assert after >= baseline / 2, (
         f"{after} acquisitions in 0.5 s after the death, {baseline} before"
@@ -1182,7 +1192,7 @@ async def test_a_delay_too_long_after_the_probe_fails_the_acquire_that_draws_it(
     """Issue 17: a delay above MAX_SECONDS drawn while waiting raises ValueError, cleanly."""
     holder = subject.make_lock(process=1)
     assert await holder.acquire()
-    waiter = subject.make_lock(backoff=TooLongAfterTheProbeBackoff())
+    waiter = subject.make_lock(backoff=TooLongAfterTheProbeBackoff(), **subject.polling)
     try:
         with pytest.raises(ValueError, match=names_the_limit("backoff delay", ABOVE_MAX)):
             await waiter.acquire(timeout=2.0)

@@ -499,15 +499,19 @@ class CountingPolicy(backoff.Backoff):
 async def test_custom_policy_delays_are_slept(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """A Backoff subclass gives a fresh iterator per acquisition and its delays are slept."""
+    """A Backoff subclass gives a fresh iterator per acquisition and its delays are slept.
+
+    The waiter polls (``notify=False``): a notified waiter in the queue on the
+    server waits for its grant, and draws no delay.
+    """
     async with held_elsewhere(other_client, name):
         policy = CountingPolicy(0.05)
-        lock = AsyncLock(client, name, backoff=policy)
+        lock = AsyncLock(client, name, backoff=policy, notify=False)
         policy.iterators = policy.drawn = 0  # forget what the constructor probed
         await admin.config_resetstat()
         assert not await lock.acquire(timeout=0.27)
         # The first attempt is a bare SET; each later one is the acquire script, which
-        # runs PTTL when it fails (its other SET raises the waiting marker).
+        # runs PTTL when it fails.
         attempts = 1 + await calls(admin, "pttl")
         assert policy.iterators == 1
         # 0.27 s of 0.05 s pauses: about 6 pauses and 8 attempts (the bare SET is followed
@@ -530,7 +534,7 @@ async def test_callable_backoff_gets_attempt_numbers(
         return 0.05
 
     async with held_elsewhere(other_client, name):
-        lock = AsyncLock(client, name, backoff=pause)
+        lock = AsyncLock(client, name, backoff=pause, notify=False)
         seen.clear()  # forget what the constructor probed
         started = time.monotonic()
         assert not await lock.acquire(timeout=0.22)

@@ -408,13 +408,17 @@ async def test_waiters_keep_working_across_a_server_restart(
 async def test_only_the_head_of_the_local_queue_polls(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, tasks: Tasks
 ) -> None:
-    """Ten local waiters polling every 50 ms send about as many attempts as one would."""
+    """Ten local waiters polling every 50 ms send about as many attempts as one would.
+
+    They poll (``notify=False``): notified waiters in the queue on the server
+    send no attempt at all while they wait (``test_server_queue.py``).
+    """
     step, window = 0.05, 0.5
     holder = await hold(other_client, name)
     probe = AsyncLock(client, name)
 
     async def take() -> None:
-        async with AsyncLock(client, name, backoff=backoff.constant(step)):
+        async with AsyncLock(client, name, backoff=backoff.constant(step), notify=False):
             pass
 
     takers = [tasks.start(take()) for _ in range(10)]

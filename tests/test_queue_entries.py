@@ -1,15 +1,15 @@
-"""The waiting marker: a local run of hand-overs sees waiters elsewhere that poll.
+"""Entries in the queue on the server: a waiter elsewhere is seen, and leaves nothing behind.
 
-A process whose tasks take a lock in turn hands it from task to task without
-a pause (one script per hand-over). After ``LOCAL_RUN`` it must let waiters
-in other processes go first. Notified waiters are seen on the release channel
-(``PUBSUB NUMSUB``); waiters that poll (``notify=False``, or a pub/sub
-connection that is cut) raise the lock's waiting marker, ``<key>:waiting``,
-for as long as they mean to pause plus ``MARK_SLACK``. The yielding process
-then waits until the poller's announced next attempt (at most ``YIELD_CAP``).
+A waiter that must wait for a lock held elsewhere stands in the lock's queue
+on the server (DESIGN.md §3.4): its token in the list ``<key>:queue`` and its
+*entry* ``<key>:queue:<token>``, which lives ``min(ttl, ENTRY_CAP)`` and is
+refreshed while the waiter lives. A process whose tasks take the lock in turn
+hands it from task to task; after ``LOCAL_RUN`` it hands it to the queue's
+first live waiter instead, whether that waiter is notified or polls.
 
-Regression tests for a defect the fault suite found: such a poller was
-invisible to the local run and starved for as long as the run went on.
+These tests were the waiting marker's (the key the queue replaced): a poller
+elsewhere was invisible to a local run and starved (found by the fault
+suite), and a dead waiter's marker outlived it (issue 17).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import redis.asyncio as redis
 from support import all_keys, calls, eventually, keys_of
 
 from aiolock import AsyncLock, backoff
-from aiolock._queue import LOCAL_RUN, MARK_CAP, MARK_SLACK, YIELD_CAP, YIELD_WAIT, yield_wait
+from aiolock._lease import ENTRY_CAP
+from aiolock._queue import LOCAL_RUN
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -39,9 +40,14 @@ SLACK = 0.25
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def marker_of(lock: AsyncLock) -> str:
-    """The key of ``lock``'s waiting marker."""
-    return keys_of(lock).marker
+async def entries_of(admin: redis.Redis, lock: AsyncLock) -> list[str]:
+    """The queue entries of ``lock``'s key on the server (their key names)."""
+    return sorted(str(k) for k in await admin.keys(f"{keys_of(lock).queue}:*"))
+
+
+async def queued(admin: redis.Redis, lock: AsyncLock) -> list[str]:
+    """The tokens in ``lock``'s queue on the server, first first."""
+    return [str(t) for t in await admin.lrange(keys_of(lock).queue, 0, -1)]
 
 
 class Run:
@@ -86,9 +92,9 @@ async def test_a_polling_waiter_elsewhere_gets_in_from_a_local_run(
 ) -> None:
     """A ``notify=False`` waiter elsewhere gets the lock within a run and one of its pauses.
 
-    The run yields once it has lasted ``LOCAL_RUN`` and sees the marker; the
-    next local task then waits until the poller's next attempt. Without the
-    marker the poller starves for the whole 2 s timeout.
+    The run hands the lock to the queue once it has lasted ``LOCAL_RUN``; the
+    poller finds it granted at its next attempt. Without that the poller
+    starves for the whole 2 s timeout.
     """
     poller = AsyncLock(other_client, name, ttl=5.0, notify=False, backoff=backoff.constant(step))
     started = time.monotonic()
@@ -109,33 +115,34 @@ async def test_a_polling_waiter_elsewhere_gets_in_from_a_local_run(
 async def test_the_run_goes_on_when_the_poller_gives_up(
     run: Run, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """A poller that gave up takes its marker down, and the run stops yielding to it.
+    """A poller that gave up leaves the queue, and the run stops yielding to it.
 
-    While the marker is up, every yield idles the lock up to the poller's next
-    attempt; once the poller is gone the run hands over without pause again.
+    A grant to a waiter that gave up would idle the lock for its first lease;
+    once the poller is gone the run hands over without pause again.
     """
     poller = AsyncLock(other_client, name, ttl=5.0, notify=False, backoff=backoff.constant(0.3))
     assert await poller.acquire(timeout=2.0)
     await poller.release()
-    # Now a poller that gives up at once: its marker comes down as it leaves.
+    # Now a poller that gives up at once: its entry goes as it leaves.
     quitter = AsyncLock(other_client, name, ttl=5.0, notify=False, backoff=backoff.constant(0.3))
     if await quitter.acquire(timeout=0.01):  # the run may just have yielded
         await quitter.release()
-    assert await admin.exists(marker_of(quitter)) == 0, "the marker outlived its waiter"
+    assert await entries_of(admin, quitter) == [], "the entry outlived its waiter"
+    assert await queued(admin, quitter) == [], "the token outlived its waiter"
     before, since = run.holdings, time.monotonic()
     await asyncio.sleep(0.5)
     rate = (run.holdings - before) / (time.monotonic() - since)
     # Three tasks on one loop hand over in about a round trip: hundreds per second. A
-    # run that went on yielding to a ghost would idle up to YIELD_CAP per LOCAL_RUN.
+    # run that went on granting to a ghost would idle up to ENTRY_CAP per LOCAL_RUN.
     assert rate > 100, f"{rate:.0f} holdings/s after the poller left"
 
 
-async def test_a_waiter_raises_the_marker_for_its_pause_and_takes_it_down_with_the_lock(
+async def test_a_waiter_stands_in_the_queue_and_leaves_it_with_the_lock(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """While a waiter pauses its marker is up, lasting its pause plus ``MARK_SLACK``.
+    """While a waiter waits, its token is queued and its entry lives at most one entry life.
 
-    The waiter that gets the lock deletes its marker in the same script.
+    The waiter that gets the lock takes its entry out in the same script.
     """
     holder = AsyncLock(other_client, name, ttl=5.0)
     assert await holder.acquire()
@@ -143,13 +150,14 @@ async def test_a_waiter_raises_the_marker_for_its_pause_and_takes_it_down_with_t
     waiter = AsyncLock(client, name, ttl=5.0, notify=False, backoff=backoff.constant(step))
     waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
     try:
-        await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
-        pttl = await admin.pttl(marker_of(waiter))
-        assert 0 < pttl <= (step + MARK_SLACK) * 1000 + 1, pttl
-        assert pttl > MARK_SLACK * 1000, f"the marker ends before the waiter's next attempt: {pttl}"
+        await eventually(lambda: entries_of(admin, waiter), "the entry is up")
+        (entry,) = await entries_of(admin, waiter)
+        pttl = await admin.pttl(entry)
+        assert 0 < pttl <= ENTRY_CAP * 1000, pttl
+        assert await queued(admin, waiter) == [entry.rsplit(":", 1)[1]]
         await holder.release()
         assert await asyncio.wait_for(waiting, step + SLACK)
-        assert await admin.keys(all_keys(name)) == [waiter.key], "the marker outlived the wait"
+        assert await admin.keys(all_keys(name)) == [waiter.key], "the entry outlived the wait"
     finally:
         waiting.cancel()
         if waiter.statistics().held:
@@ -170,17 +178,18 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 @pytest.mark.parametrize("notify", [True, False])
-async def test_a_dead_waiters_marker_is_gone_within_two_seconds_whatever_its_step(
+async def test_a_dead_waiters_entry_is_gone_within_two_seconds_whatever_its_step(
     server: RedisServer,
     other_client: redis.Redis,
     admin: redis.Redis,
     name: str,
     notify: bool,
 ) -> None:
-    """Regression (issue 17): a waiter SIGKILLed in a 30 s step leaves its marker at most 2 s.
+    """Regression (issue 17): a waiter SIGKILLed in a 30 s step leaves its entry at most 2 s.
 
-    Before, the marker lived for the whole step (30 s), and a process handing
-    the lock from task to task yielded to the dead waiter all that time.
+    Before the queue, its marker lived for the whole step (30 s), and a
+    process handing the lock from task to task yielded to the dead waiter all
+    that time.
     """
     holder = AsyncLock(other_client, name, ttl=10.0)
     assert await holder.acquire()
@@ -193,18 +202,18 @@ async def test_a_dead_waiters_marker_is_gone_within_two_seconds_whatever_its_ste
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        marker = keys_of(holder).marker
-        await eventually(lambda: admin.exists(marker), "the waiter's marker is up", timeout=10)
-        assert await admin.pttl(marker) <= MARK_CAP * 1000, "the marker outlives MARK_CAP"
+        await eventually(lambda: entries_of(admin, holder), "the waiter's entry is up", timeout=10)
+        (entry,) = await entries_of(admin, holder)
+        assert await admin.pttl(entry) <= ENTRY_CAP * 1000, "the entry outlives ENTRY_CAP"
         waiter.kill()
         await waiter.wait()
         killed = time.monotonic()
 
         async def gone() -> bool:
-            return await admin.exists(marker) == 0
+            return await admin.exists(entry) == 0
 
-        await eventually(gone, "the marker is gone", timeout=4)
-        assert time.monotonic() - killed <= MARK_CAP + SLACK
+        await eventually(gone, "the entry is gone", timeout=4)
+        assert time.monotonic() - killed <= ENTRY_CAP + SLACK
     finally:
         if waiter.returncode is None:
             waiter.kill()
@@ -212,29 +221,30 @@ async def test_a_dead_waiters_marker_is_gone_within_two_seconds_whatever_its_ste
         await holder.release()
 
 
-async def test_a_live_waiter_with_a_long_step_keeps_its_marker_without_waking(
+async def test_a_live_waiter_keeps_its_entry_without_waking(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Issue 17: a waiter pausing 5 s sets its marker again (max 2 s each) and tries nothing more.
+    """Issue 17: a notified waiter refreshes its entry (max 2 s each) and attempts nothing more.
 
-    It still gets the lock at the release (a notification).
+    Its backoff step (5 s) does not matter: it waits for its grant, and gets
+    the lock at the release (a message).
     """
     holder = AsyncLock(other_client, name, ttl=10.0)
     assert await holder.acquire()
     waiter = AsyncLock(client, name, ttl=10.0, backoff=backoff.constant(5.0))
     waiting = asyncio.create_task(waiter.acquire(timeout=10.0))
     try:
-        marker = marker_of(waiter)
-        await eventually(lambda: admin.exists(marker), "the marker is up")
-        # Its subscription's confirmation wakes it for one more attempt at once; then
-        # it pauses for its 5 s step.
+        await eventually(lambda: entries_of(admin, waiter), "the entry is up")
+        (entry,) = await entries_of(admin, waiter)
+        # Its subscription's confirmation may wake it for one more attempt at once.
         await asyncio.sleep(0.3)
         await admin.config_resetstat()
-        for _ in range(6):  # 3 s: past a marker that was not set again
+        for _ in range(6):  # 3 s: past an entry that was not refreshed
             await asyncio.sleep(0.5)
-            pttl = await admin.pttl(marker)
-            assert 0 < pttl <= MARK_CAP * 1000, pttl
-        assert await calls(admin, "evalsha") == 0, "the waiter tried again before its step"
+            pttl = await admin.pttl(entry)
+            assert 0 < pttl <= ENTRY_CAP * 1000, pttl
+        assert await calls(admin, "evalsha") == 0, "the waiter attempted again while queued"
+        assert 1 <= await calls(admin, "pexpire") <= 3, "the entry was not refreshed as due"
         released = time.monotonic()
         await holder.release()
         assert await asyncio.wait_for(waiting, 5.0)
@@ -248,16 +258,16 @@ async def test_a_live_waiter_with_a_long_step_keeps_its_marker_without_waking(
 
 
 @pytest.mark.parametrize("notify", [True, False])
-async def test_short_pauses_set_no_marker_of_their_own(
+async def test_short_pauses_send_nothing_but_attempts(
     server: RedisServer, other_client: redis.Redis, name: str, notify: bool
 ) -> None:
-    """A pause shorter than the marker's life sends nothing: the attempt raised the marker.
+    """A queued waiter sends no refresh before one is due (0.7 of its entry's life).
 
-    Regression (issue 17): a loop timer may fire a little early (uvloop
-    counts whole milliseconds); the end of each 50 ms pause was then taken
-    for a pause going on, and the marker was set again (one ``SET`` per
-    pause). Cut off at the pause's end, that ``SET`` also cost the
-    connection, and with it the next attempt's round trips.
+    Regression (issue 17, the marker then): a loop timer may fire a little
+    early (uvloop counts whole milliseconds); the end of each 50 ms pause was
+    taken for a pause going on, and the marker was set again (one ``SET`` per
+    pause). A notified waiter does not poll at all: it attempts once (twice,
+    if its subscription is confirmed after the first) and waits for its grant.
     """
     sent: list[tuple[Any, ...]] = []
 
@@ -273,33 +283,47 @@ async def test_short_pauses_set_no_marker_of_their_own(
         waiter = AsyncLock(recorded, name, ttl=10.0, backoff=backoff.constant(0.05), notify=notify)
         assert await waiter.acquire(timeout=0.6) is False
     await holder.release()
-    marker = marker_of(waiter)
-    scripted = [c for c in sent if str(c[0]).upper() == "EVALSHA"]
-    assert len(scripted) >= 5, "the waiter did not pause and try again"
-    marks = [c for c in sent if str(c[0]).upper() == "SET" and marker in map(str, c)]
-    assert marks == [], f"{len(marks)} pauses of {len(scripted)} set the marker again"
+    # An EVALSHA the server did not know (NOSCRIPT: the script is loaded, then sent
+    # again) is not an attempt.
+    scripted = [
+        c
+        for c, then in zip(sent, [*sent[1:], ("",)], strict=True)
+        if str(c[0]).upper() == "EVALSHA" and str(then[0]).upper() != "SCRIPT LOAD"
+    ]
+    if notify:
+        # The bare SET, the script that queued it, maybe one more at the subscription's
+        # confirmation, the last attempt at the deadline, and the script that leaves.
+        assert 2 <= len(scripted) <= 4, f"{len(scripted)} scripts: the waiter polled"
+    else:
+        assert len(scripted) >= 5, "the waiter did not pause and try again"
+    refreshes = [
+        c for c in sent if str(c[0]).upper() == "PEXPIRE" or (c[0] == "SET" and "NX" not in c)
+    ]
+    assert refreshes == [], f"{len(refreshes)} refreshes in 0.6 s, none was due"
 
 
-async def test_a_marker_never_outlasts_the_waiters_timeout_by_more_than_the_slack(
+async def test_a_waiter_that_gives_up_at_its_deadline_leaves_the_queue(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """A waiter with 0.2 s left announces no pause beyond its deadline."""
+    """A waiter with 0.2 s left stands in the queue until its deadline, then leaves it."""
     holder = AsyncLock(other_client, name, ttl=5.0)
     assert await holder.acquire()
     waiter = AsyncLock(client, name, ttl=5.0, notify=False, backoff=backoff.constant(5.0))
     waiting = asyncio.create_task(waiter.acquire(timeout=0.2))
     try:
-        await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
-        pttl = await admin.pttl(marker_of(waiter))
-        assert 0 < pttl <= (0.2 + MARK_SLACK) * 1000 + 1, pttl
+        await eventually(lambda: entries_of(admin, waiter), "the entry is up")
+        (entry,) = await entries_of(admin, waiter)
+        assert 0 < await admin.pttl(entry) <= ENTRY_CAP * 1000
         assert not await waiting
+        assert await entries_of(admin, waiter) == []
+        assert await queued(admin, waiter) == []
     finally:
         await holder.release()
 
 
 @pytest.mark.parametrize("fencing", [False, True])
 @pytest.mark.parametrize("how", ["blocking=False", "timeout=0"])
-async def test_an_attempt_that_will_not_wait_raises_no_marker(
+async def test_an_attempt_that_will_not_wait_does_not_queue(
     client: redis.Redis,
     other_client: redis.Redis,
     admin: redis.Redis,
@@ -307,7 +331,7 @@ async def test_an_attempt_that_will_not_wait_raises_no_marker(
     fencing: bool,
     how: str,
 ) -> None:
-    """Only a waiter raises the marker: a single attempt that fails leaves nothing."""
+    """Only a waiter queues: a single attempt that fails leaves nothing."""
     holder = AsyncLock(other_client, name, ttl=5.0)
     assert await holder.acquire()
     try:
@@ -316,7 +340,8 @@ async def test_an_attempt_that_will_not_wait_raises_no_marker(
             lock.acquire(blocking=False) if how == "blocking=False" else lock.acquire(timeout=0)
         )
         assert not got
-        assert await admin.exists(marker_of(lock)) == 0
+        assert await entries_of(admin, lock) == []
+        assert await admin.exists(keys_of(lock).queue) == 0
     finally:
         await holder.release()
     if fencing:
@@ -324,10 +349,10 @@ async def test_an_attempt_that_will_not_wait_raises_no_marker(
 
 
 @pytest.mark.parametrize("ending", ["timeout", "cancel", "anyio scope"])
-async def test_a_waiter_that_gives_up_takes_its_marker_down(
+async def test_a_waiter_that_gives_up_leaves_the_queue(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, ending: str
 ) -> None:
-    """Timed out, cancelled or cut off by a cancel scope: the marker goes with the waiter.
+    """Timed out, cancelled or cut off by a cancel scope: the entry goes with the waiter.
 
     (``no_leaks`` checks that no key of the lock is left.)
     """
@@ -339,30 +364,27 @@ async def test_a_waiter_that_gives_up_takes_its_marker_down(
             assert not await waiter.acquire(timeout=0.3)
         elif ending == "cancel":
             waiting = asyncio.create_task(waiter.acquire())
-            await eventually(lambda: admin.exists(marker_of(waiter)), "the marker is up")
+            await eventually(lambda: entries_of(admin, waiter), "the entry is up")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
         else:
             with anyio.move_on_after(0.3):
                 await waiter.acquire()
-        assert await admin.exists(marker_of(waiter)) == 0, f"the marker outlived the {ending}"
+        assert await entries_of(admin, waiter) == [], f"the entry outlived the {ending}"
+        assert await queued(admin, waiter) == [], f"the token outlived the {ending}"
     finally:
         await holder.release()
 
 
-async def test_another_waiters_marker_is_left_up(
+async def test_a_leaving_waiter_takes_out_only_its_own_entry(
     client: redis.Redis,
     other_client: redis.Redis,
     admin: redis.Redis,
     server: RedisServer,
     name: str,
 ) -> None:
-    """A waiter deletes the marker only if it was the last to raise it.
-
-    Two pollers on two clients: the first one leaving must not take down the
-    marker the second raised after it.
-    """
+    """Two waiters on two clients: the first one leaving leaves the second in the queue."""
     third = redis.Redis.from_url(server.url)
     holder = AsyncLock(third, name, ttl=5.0)
     assert await holder.acquire()
@@ -371,18 +393,17 @@ async def test_another_waiters_marker_is_left_up(
     leaving = asyncio.create_task(first.acquire())
     staying: asyncio.Task[bool] | None = None
     try:
-        marker = marker_of(first)
-        await eventually(lambda: admin.exists(marker), "the first marker is up")
-        firsts = await admin.get(marker)
+        await eventually(lambda: queued(admin, first), "the first waiter queued")
         staying = asyncio.create_task(second.acquire(timeout=5.0))
         await eventually(
-            lambda: _changed(admin, marker, firsts), "the second waiter raised the marker"
+            lambda: _length(admin, first, 2), "the second waiter queued behind the first"
         )
-        seconds = await admin.get(marker)
+        seconds = (await queued(admin, first))[1]
         leaving.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leaving
-        assert await admin.get(marker) == seconds, "a leaving waiter took another's marker"
+        assert await queued(admin, first) == [seconds], "a leaving waiter took another's place"
+        assert len(await entries_of(admin, first)) == 1
         await holder.release()
         assert await staying
         await second.release()
@@ -395,17 +416,5 @@ async def test_another_waiters_marker_is_left_up(
         await third.aclose()
 
 
-async def _changed(admin: redis.Redis, key: str, before: object) -> bool:
-    value = await admin.get(key)
-    return value is not None and value != before
-
-
-def test_the_yield_wait_follows_the_marker_within_its_bounds() -> None:
-    """No marker: the short wait for notified waiters; with one, the poller's next attempt."""
-    assert yield_wait(-2) == YIELD_WAIT
-    assert yield_wait(-1) == YIELD_WAIT
-    # A marker about to lapse: the poller is late already; try soon.
-    assert yield_wait(0) == YIELD_WAIT
-    assert yield_wait(int(MARK_SLACK * 1000)) == pytest.approx(0.02)
-    assert yield_wait(int((MARK_SLACK + 0.1) * 1000)) == pytest.approx(0.12)
-    assert yield_wait(int((MARK_SLACK + 10) * 1000)) == YIELD_CAP
+async def _length(admin: redis.Redis, lock: AsyncLock, length: int) -> bool:
+    return len(await queued(admin, lock)) == length
