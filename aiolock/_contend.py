@@ -331,8 +331,9 @@ async def _wait_in_queue(
     heard = subscription.holder_until()
     while True:
         if subscription.holder_until() != heard:
-            # A grant to another waiter: the lock has a new holder, whose first lease
-            # ends then (it renews before, unless it died).
+            # A grant to another waiter was heard: the lock has a new holder, whose first
+            # lease ends then (it renews before, unless it died). We wake for our own
+            # refreshes more often than a first lease lasts, so we look in time.
             heard = subscription.holder_until()
             watch = heard + WATCH_SLACK
         end = refresh_at

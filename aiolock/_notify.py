@@ -6,10 +6,10 @@ channel and then sleeps until whichever comes first: a message, or its
 backoff step (an expiring holder sends no message, so the step, capped by
 the holder's PTTL, bounds every wait).
 
-Every lock of one client shares one :class:`_Listener`: one dedicated
-connection (made like the client's own, outside its pool) and one task that
-reads it. Subscriptions are counted per channel; a channel nobody waits on
-is unsubscribed after :data:`LINGER` seconds (so a queue of local waiters
+Every lock of one client (and of the clients that connect alike) shares
+one :class:`_Listener`: one dedicated connection (made like the client's
+own, outside its pool) and one task that reads it. Subscriptions are
+counted per channel; a channel nobody waits on is unsubscribed after :data:`LINGER` seconds (so a queue of local waiters
 taking turns does not churn), and the connection and its task end once no
 channel is left. Nothing runs while nobody waits.
 
@@ -29,10 +29,14 @@ moved by the time it would sleep, tries again at once.
 A *grant* (``g <token> <ms> <fence>``: the lock was handed to the queued
 waiter with that token, see :mod:`aiolock._scripts`) is news only to the
 subscription that expects that token (:meth:`Subscription.expect`), and
-bumps no generation: the other waiters only note how long the new holder's
-first lease runs (:meth:`Subscription.holder_until`), and wait on. The last
-few grants are remembered, so that a waiter that expects its token only
-after the message came still finds it.
+bumps no generation: the other waiters do not wake; the channel notes how
+long the new holder's first lease runs (:meth:`Subscription.holder_until`),
+which they read when they wake. The last few grants are remembered, so that
+a waiter that expects its token only after the message came still finds it.
+
+Plain clients of one process that connect alike share their listeners
+(:func:`listeners_of`): one pub/sub connection per server, whatever the
+number of client objects.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError, SlotNotCoveredError
+
+from ._timers import call_at
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -135,11 +141,9 @@ class _Channel:
         subscription = self.expected.get(token)
         if subscription is not None:
             subscription.granted = (ms, fence)
-        # Everyone wakes to note the new holder's lease (no generation: no news to act on).
-        for future in self.waiters:
-            if not future.done():
+            future = subscription.future
+            if future is not None and not future.done():
                 future.set_result(None)
-        self.waiters.clear()
 
     def bump(self) -> None:
         """Record an event and wake everyone waiting on this channel."""
@@ -181,12 +185,15 @@ class _Listener:
         "_warned",
         "_write_lock",
         "label",
+        "loop",
     )
 
     def __init__(
         self, label: str, connection_class: Any, kwargs: dict[str, Any], sharded: bool
     ) -> None:
         self.label = label
+        #: The event loop whose tasks it serves (it is made inside one).
+        self.loop = asyncio.get_running_loop()
         self._connection_class = connection_class
         # A connection of its own, outside the pool: RESP2 (messages as plain
         # arrays), no socket timeout (it waits for messages), no hidden retries.
@@ -448,11 +455,16 @@ class _Listener:
             channel.bump()
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @final
 class Subscription:
     """One waiter's hold on a channel of a :class:`_Listener`."""
 
-    __slots__ = ("_channel", "_closed", "_listener", "_seen", "_token", "granted")
+    __slots__ = ("_channel", "_closed", "_listener", "_seen", "_token", "future", "granted")
 
     def __init__(self, listener: _Listener, channel: _Channel, seen: int) -> None:
         self._listener = listener
@@ -460,6 +472,8 @@ class Subscription:
         self._seen = seen
         self._closed = False
         self._token: bytes | None = None
+        #: What :meth:`wait` awaits, while it waits.
+        self.future: asyncio.Future[None] | None = None
         #: ``(lease ms, fence)`` once a grant to the expected token was heard, else None.
         self.granted: tuple[int, int] | None = None
 
@@ -489,8 +503,8 @@ class Subscription:
         """Sleep up to ``delay`` seconds, less if the channel has news or our grant came.
 
         Returns True if it had (then :attr:`granted` tells which). A grant to
-        another waiter ends the sleep too, returning False: the caller looks
-        at :meth:`holder_until` and sleeps again.
+        another waiter does not wake it: it looks at :meth:`holder_until`
+        when it wakes for its own reasons.
         """
         channel = self._channel
         if channel.generation != self._seen or self.granted is not None:
@@ -499,12 +513,18 @@ class Subscription:
         if delay <= 0:
             await anyio.lowlevel.checkpoint()
             return False
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         channel.waiters.add(future)
+        self.future = future
+        # A timer of the loop's one scheduler ends the sleep (a cancel scope would
+        # cost the heir's wake-up more; the await is a cancellation point all the same).
+        timer = call_at(time.monotonic() + delay, _settle, future, loop=loop)
         try:
-            with anyio.move_on_after(delay):
-                await future
+            await future
         finally:
+            timer.cancel()
+            self.future = None
             channel.waiters.discard(future)
             if not future.done():
                 future.cancel()
@@ -525,22 +545,44 @@ class Subscription:
 
 
 _listeners: weakref.WeakKeyDictionary[Any, dict[str, _Listener]] = weakref.WeakKeyDictionary()
+#: The listeners of plain clients that connect alike (the same server, database and
+#: credentials), shared: a process with several client objects on one server reads each
+#: release or grant once, on one pub/sub connection.
+_alike: dict[tuple[Any, ...], dict[str, _Listener]] = {}
+_SIMPLE = (str, bytes, int, float, bool, type(None))
 
 
 def listeners_of(client: Client) -> dict[str, _Listener]:
-    """Return the listeners of ``client`` by node (a lock keeps this dict for fast lookups)."""
+    """Return the listeners of ``client`` by node (a lock keeps this dict for fast lookups).
+
+    A plain client shares its listeners with every other plain client of the
+    process that connects alike (same connection class and same simple
+    connection options: host, port, path, database, credentials, timeouts).
+    A cluster client has its own, one per node.
+    """
     try:
         return _listeners[client]
     except KeyError:
-        home = _listeners[client] = {}
-        return home
+        pass
+    if isinstance(client, RedisCluster):
+        home: dict[str, _Listener] = {}
+    else:
+        pool = client.connection_pool
+        options = tuple(
+            sorted((k, v) for k, v in pool.connection_kwargs.items() if isinstance(v, _SIMPLE))
+        )
+        home = _alike.setdefault((pool.connection_class, options), {})
+    _listeners[client] = home
+    return home
 
 
 def _listener(client: Client, channel: str) -> _Listener:
     label, connection_class, kwargs = _connection_for(client, channel)
     home = listeners_of(client)
     listener = home.get(label)
-    if listener is None:
+    loop = asyncio.get_running_loop()
+    if listener is None or listener.loop is not loop:
+        # (A listener of another event loop, one that ended, is of no use here.)
         sharded = isinstance(client, RedisCluster)
         listener = home[label] = _Listener(label, connection_class, kwargs, sharded)
     return listener

@@ -133,7 +133,10 @@ end
 # alive was queued before it. Otherwise {0, pttl}: the holder's remaining lease in
 # ms (-1: no expiry); a free lock with a live waiter queued first is granted to
 # that waiter (pttl is then its lease). Unless ARGV[3] is '', the caller is then
-# in the queue, once; its entry lives ARGV[4] ms.
+# in the queue, once; its entry lives ARGV[4] ms. A queue it makes (or may have
+# lost) is kept for the holder's lease plus the slack; a queue that was there
+# already is kept by whatever gave the holder its lease (a grant, a hand-over, a
+# renewal each extend it).
 ACQUIRE = Script(
     _GRANT
     + """
@@ -171,16 +174,19 @@ if pttl == -2 then
 end
 if ARGV[3] ~= '' then
     local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
+    local length = 0
     if not had or (ARGV[5] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1])) then
-        redis.call('RPUSH', KEYS[2], ARGV[1])
+        length = redis.call('RPUSH', KEYS[2], ARGV[1])
     end
-    local life = pttl
-    if life < 0 then
-        life = 0
-    end
-    redis.call('PEXPIRE', KEYS[2], life + """
+    if length == 1 or ARGV[5] == '1' then
+        local life = pttl
+        if life < 0 then
+            life = 0
+        end
+        redis.call('PEXPIRE', KEYS[2], life + """
     + str(QUEUE_SLACK_MS)
     + """)
+    end
 end
 return {0, pttl}
 """
