@@ -9,9 +9,10 @@ the holder's PTTL, bounds every wait).
 Every lock of one client (and of the clients that connect alike) shares
 one :class:`_Listener`: one dedicated connection (made like the client's
 own, outside its pool) and one task that reads it. Subscriptions are
-counted per channel; a channel nobody waits on is unsubscribed after :data:`LINGER` seconds (so a queue of local waiters
-taking turns does not churn), and the connection and its task end once no
-channel is left. Nothing runs while nobody waits.
+counted per channel; a channel nobody waits on is unsubscribed after
+:data:`LINGER` seconds (so a queue of local waiters taking turns does not
+churn), and the connection and its task end once no channel is left.
+Nothing runs while nobody waits.
 
 A waiter never depends on the listener for progress. If the connection
 breaks, every waiter is woken at once and goes on polling with its backoff
