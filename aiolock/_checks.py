@@ -45,14 +45,16 @@ UNSET: Final = Unset()
 
 #: The longest duration aiolock sends to the server, in milliseconds: 10**15 ms
 #: (10**12 s, about 31,700 years). Every duration that reaches the server as
-#: ``PX``, ``PEXPIRE`` or ``WAIT`` milliseconds (a lease ``ttl``, ``replica_timeout``,
-#: a backoff delay, which becomes the waiting marker's ``PX`` plus a slack of
-#: 0.25 s) must be at most :data:`MAX_SECONDS`, checked when the lock (or the
-#: backoff policy) is made. The server refuses a ``PX`` when ``now_ms + PX``
-#: overflows a signed 64-bit integer (about 9.2e18 ms; valkey 8.1 says "invalid
-#: expire time"); this limit is far below that, and below 2**53 even with the
-#: marker's slack added, so every count of milliseconds is exact in a float and
-#: in the scripts' Lua numbers. A round number, so that it reads well in messages.
+#: ``PX``, ``PEXPIRE`` or ``WAIT`` milliseconds (a lease ``ttl``, ``replica_timeout``)
+#: must be at most :data:`MAX_SECONDS`, checked when the lock is made; backoff
+#: delays are held to the same limit when the policy is made or a delay is drawn
+#: (they no longer reach the server since the queue replaced the waiting marker,
+#: but a delay longer than any lease is a mistake all the same). The server
+#: refuses a ``PX`` when ``now_ms + PX`` overflows a signed 64-bit integer (about
+#: 9.2e18 ms; valkey 8.1 says "invalid expire time"); this limit is far below
+#: that, and below 2**53 even with the queue's slack added to a lease, so every
+#: count of milliseconds is exact in a float and in the scripts' Lua numbers. A
+#: round number, so that it reads well in messages.
 MAX_MS: Final = 10**15
 
 #: :data:`MAX_MS` in seconds: the largest ``ttl`` (or other duration sent to the server).
@@ -63,7 +65,7 @@ def too_long(name: str, value: object) -> str:
     """The message for a duration above :data:`MAX_SECONDS`: names it, the value and the limit."""
     return (
         f"{name} must be at most {MAX_SECONDS:g} s ({MAX_MS:.0e} ms, the longest duration "
-        f"aiolock sends to the server), got {value!r}"
+        f"aiolock takes), got {value!r}"
     )
 
 
@@ -95,9 +97,10 @@ def check_timeout(value: object) -> float | None:
 
     No upper bound: a timeout never reaches the server. It only sets a deadline
     on the local monotonic clock; asyncio caps each of its own waits (the
-    selector never sleeps more than a day at once), and the wait loop bounds
-    the waiting marker's ``PX`` by the backoff step, not by the deadline. So a
-    finite timeout of any size waits that long and no more, like ``None``.
+    selector never sleeps more than a day at once), and what a waiter keeps on
+    the server (its queue entry) lives ``min(ttl, 2 s)`` at a time, whatever
+    the deadline. So a finite timeout of any size waits that long and no
+    more, like ``None``.
     """
     if value.__class__ is float and 0 <= value < math.inf:  # the common case, at once
         return value

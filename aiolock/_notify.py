@@ -1,10 +1,12 @@
-"""Release notifications: one shared pub/sub connection per client.
+"""Release notifications: one shared pub/sub connection per client (and server).
 
-A release publishes an empty message on ``<key>:released`` (``SPUBLISH`` on
-a cluster). A task that waits for a lock held elsewhere subscribes to that
-channel and then sleeps until whichever comes first: a message, or its
-backoff step (an expiring holder sends no message, so the step, capped by
-the holder's PTTL, bounds every wait).
+A release with nobody queued publishes an empty message on
+``<key>:released`` (``SPUBLISH`` on a cluster); a release that hands the lock
+to a queued waiter publishes a grant (below). A task that waits for a lock
+held elsewhere subscribes to that channel: a queued waiter then waits for
+its grant, a polling one for a message or its backoff step, whichever comes
+first (an expiring holder sends no message: the holder's lease as last
+known bounds every wait).
 
 Every lock of one client (and of the clients that connect alike) shares
 one :class:`_Listener`: one dedicated connection (made like the client's

@@ -18,11 +18,13 @@ sleep 200 ms: ``constant(0.2)``; sleep 2 s: ``constant(2.0)``.
 A plain callable ``attempt -> seconds`` (attempt counts from 1) is accepted
 wherever a policy is, and wrapped with :func:`from_callable`.
 
-A waiter tells others how long it will pause: its waiting marker on the
-server lasts the delay (plus a slack), so no delay may exceed
+A policy paces the waiters that poll: those without release notifications
+(``notify=False``, a user without channel rights, a pub/sub connection that
+is down) and ``Redlock``'s. A notified waiter in the queue on the server
+waits for its grant and draws no delay. No delay may exceed
 :data:`aiolock._checks.MAX_SECONDS` (10**12 s), the longest duration aiolock
-sends to the server. The factories check their parameters against it, and
-the delays of a user policy are checked as they are drawn.
+takes: the factories check their parameters against it, and the delays of a
+user policy are checked as they are drawn.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ _PROBE = 16
 def _seconds(name: str, value: object, *, positive: bool = False, bounded: bool = True) -> float:
     """Check that ``value`` is a finite, non-negative number of seconds.
 
-    With ``bounded`` (for what becomes a delay, hence a marker's ``PX``), it
-    must also be at most :data:`~aiolock._checks.MAX_SECONDS`.
+    With ``bounded`` (for what becomes a delay), it must also be at most
+    :data:`~aiolock._checks.MAX_SECONDS`.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
@@ -77,7 +79,7 @@ def _check_delay(value: object, *, source: str = "backoff") -> float:
     Raises:
         TypeError: the delay is not a number.
         ValueError: the delay is negative, NaN, infinite, or longer than the
-            server can keep the waiting marker (:data:`~aiolock._checks.MAX_SECONDS`).
+            longest duration aiolock takes (:data:`~aiolock._checks.MAX_SECONDS`).
     """
     if value.__class__ is float and 0 <= value <= MAX_SECONDS:  # the common case, at once
         return value
@@ -296,8 +298,7 @@ def _coerce(value: object) -> Backoff:
     Raises:
         TypeError: ``value`` is neither a policy nor a callable, or a delay is
             not a number.
-        ValueError: a delay is negative, NaN, infinite, or above ``MAX_SECONDS``
-            (the waiting marker's ``PX`` could not be stored).
+        ValueError: a delay is negative, NaN, infinite, or above ``MAX_SECONDS``.
     """
     policy = value if isinstance(value, Backoff) else from_callable(value)  # type: ignore[arg-type]
     if not isinstance(policy, (_Constant, _Linear, _Exponential, _Decorrelated, _YieldThenSleep)):

@@ -1,0 +1,231 @@
+"""What waiting costs the server: 1,000 clients queued on one lock.
+
+One holder takes a lock and keeps it; ``--processes`` worker processes make
+``--clients`` client objects between them, each waiting for the lock with a
+default ``AsyncLock`` (so each is one waiter in the queue on the server, as
+1,000 processes would be). Once every one of them is queued, for
+``--window`` seconds nothing happens but waiting, and the server counts what
+the waiters send (``INFO commandstats``, commands inside scripts included):
+that is the cost of waiting, in commands per second (the issue's bound:
+at most one per waiting client per second). The server's memory is read
+before the waiters came and once they are all queued.
+
+Then the holder releases, and the lock passes through all the waiters,
+each holding it about a millisecond: the hand-offs per second, and the
+server commands per hand-off while the rest of the 1,000 still wait (the
+queue at its longest). Every holding is checked against a witness counter
+on the server (it must read 1 inside every holding).
+
+Run ``python -m benchmarks.waiting`` (``--quick``: 100 clients, a 3 s window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from redis.asyncio import Redis
+
+from aiolock import AsyncLock
+from aiolock._keys import keys_for
+
+from ._common import (
+    add_common_args,
+    embedded_server,
+    out_dir,
+    print_table,
+    repro_command,
+    run,
+    server_commands,
+    write_json,
+)
+
+NAME: Final = "waiting"
+MODULE: Final = "benchmarks.waiting"
+ROOT: Final = Path(__file__).resolve().parent.parent
+#: The issue's bound: commands per second per waiting client.
+TARGET_PER_CLIENT: Final = 1.0
+#: The issue's bound on a hand-off between clients (server commands).
+TARGET_HANDOFF: Final = 12.0
+
+WORKER = """
+import asyncio, sys, time
+import redis.asyncio as redis
+from aiolock import AsyncLock
+async def main(url, name, count):
+    clients = [redis.Redis.from_url(url) for _ in range(int(count))]
+    overlaps = 0
+    async def wait_then_hold(client):
+        nonlocal overlaps
+        async with AsyncLock(client, name, ttl=10.0):
+            if await client.incr(name + ":inside") != 1:
+                overlaps += 1
+            await asyncio.sleep(0.001)
+            await client.decr(name + ":inside")
+    print("ready", flush=True)
+    await asyncio.gather(*(wait_then_hold(c) for c in clients))
+    for c in clients:
+        await c.aclose()
+    print("overlaps", overlaps, flush=True)
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def _memory(admin: Redis) -> int:
+    info: dict[str, Any] = await admin.info("memory")
+    return int(info["used_memory"])
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    name = "bench:waiting"
+    keys = keys_for(name)
+    per = [
+        args.clients // args.processes + (i < args.clients % args.processes)
+        for i in range(args.processes)
+    ]
+    with embedded_server() as server:
+        admin = Redis.from_url(server.url)
+        holder_client = Redis.from_url(server.url)
+        workers: list[asyncio.subprocess.Process] = []
+        try:
+            holder = AsyncLock(holder_client, name, ttl=10.0)
+            assert await holder.acquire()
+            await asyncio.sleep(0.2)
+            memory_before = await _memory(admin)
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            workers += [
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    WORKER,
+                    server.url,
+                    name,
+                    str(count),
+                    stdout=asyncio.subprocess.PIPE,
+                    env=env,
+                )
+                for count in per
+            ]
+            started = time.monotonic()
+            while await admin.llen(keys.queue) < args.clients:
+                if time.monotonic() - started > 120:
+                    raise RuntimeError("the waiters did not all queue within 120 s")
+                await asyncio.sleep(0.1)
+            queued_in = time.monotonic() - started
+            await asyncio.sleep(1.0)  # every waiter settled in its wait
+            memory_queued = await _memory(admin)
+            before = await server_commands(admin)
+            await asyncio.sleep(args.window)
+            waiting_commands = await server_commands(admin) - before - 1
+            per_second = waiting_commands / args.window
+            # The drain: the lock passes through every waiter.
+            before = await server_commands(admin)
+            released = time.monotonic()
+            await holder.release()
+            overlaps = 0
+            for worker in workers:
+                assert worker.stdout is not None
+                output = (await asyncio.wait_for(worker.stdout.read(), 300)).decode()
+                await worker.wait()
+                for line in output.splitlines():
+                    if line.startswith("overlaps"):
+                        overlaps += int(line.split()[1])
+            drained = time.monotonic() - released
+            # Besides the lock's commands, each holding's INCR and DECR of the witness.
+            drain_commands = await server_commands(admin) - before - 1 - 2 * args.clients
+            left = await admin.keys(f"*{{{name}}}*")
+        finally:
+            for worker in workers:
+                if worker.returncode is None:
+                    worker.kill()
+                    await worker.wait()
+            await admin.delete(f"{name}:inside")
+            await admin.aclose()
+            await holder_client.aclose()
+    return {
+        "clients": args.clients,
+        "processes": args.processes,
+        "window_s": args.window,
+        "queued_in_s": queued_in,
+        "waiting_commands_per_s": per_second,
+        "waiting_commands_per_s_per_client": per_second / args.clients,
+        "memory_before_bytes": memory_before,
+        "memory_queued_bytes": memory_queued,
+        "memory_per_waiter_bytes": (memory_queued - memory_before) / args.clients,
+        "drain_s": drained,
+        "handoffs_per_s": args.clients / drained,
+        "commands_per_handoff": drain_commands / args.clients,
+        "overlaps": overlaps,
+        "keys_left": [str(k) for k in left],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the figures; write ``benchmarks/results/waiting.json``."""
+    parser = argparse.ArgumentParser(prog=MODULE, description=__doc__.split("\n\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--clients", type=int, default=None, help="waiting clients (1000)")
+    parser.add_argument("--processes", type=int, default=4, help="worker processes (4)")
+    parser.add_argument("--window", type=float, default=None, help="seconds of waiting (10)")
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv_list)
+    args.clients = args.clients or (100 if args.quick else 1000)
+    args.window = args.window or (3.0 if args.quick else 10.0)
+    if args.clients < args.processes or args.processes < 1:
+        parser.error("want at least one client per process")
+    print(f"waiting benchmark: {args.clients} clients in {args.processes} processes")
+    result = run(lambda: _main(args), args.loop)
+    per_client = result["waiting_commands_per_s_per_client"]
+    handoff = result["commands_per_handoff"]
+    print_table(
+        f"Waiting: {args.clients} clients queued on one lock, {args.window:g} s",
+        ["figure", "value"],
+        [
+            ["queued in", f"{result['queued_in_s']:.2f} s"],
+            ["server commands per second while waiting", f"{result['waiting_commands_per_s']:.0f}"],
+            ["  per waiting client", f"{per_client:.3f}"],
+            ["server memory per waiter", f"{result['memory_per_waiter_bytes']:.0f} bytes"],
+            ["drain: hand-offs per second", f"{result['handoffs_per_s']:.0f}"],
+            ["drain: server commands per hand-off", f"{handoff:.1f}"],
+            ["overlaps", result["overlaps"]],
+            ["keys left", len(result["keys_left"])],
+        ],
+    )
+    ok_wait = per_client <= TARGET_PER_CLIENT
+    ok_handoff = handoff <= TARGET_HANDOFF
+    print(
+        f"{'PASS' if ok_wait else 'FAIL'}  at most {TARGET_PER_CLIENT:g} command per second "
+        f"per waiting client: {per_client:.3f}"
+    )
+    print(
+        f"{'PASS' if ok_handoff else 'FAIL'}  at most {TARGET_HANDOFF:g} commands per hand-off "
+        f"among them: {handoff:.1f}"
+    )
+    path = out_dir(args) / f"{NAME}.json"
+    write_json(
+        path,
+        {
+            "benchmark": NAME,
+            "command": repro_command(MODULE, argv_list),
+            "loop": args.loop,
+            **result,
+        },
+    )
+    print(f"wrote {path}")
+    print(f"reproduce: {repro_command(MODULE, argv_list)}")
+    if result["overlaps"] or result["keys_left"]:
+        print("ERROR: overlapping holdings or keys left", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
