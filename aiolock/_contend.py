@@ -357,7 +357,9 @@ async def _wait_in_queue(
             return None  # the last attempt at the deadline, then the answer
         if now >= refresh_at:
             sent = now
-            until = sent + lease.refresh_every if deadline is None else deadline
+            until = sent + lease.refresh_every
+            if deadline is not None and deadline < until:
+                until = deadline
             alive = await lease.refresh(call.token, until, task)
             await honour_cancellation(task, baseline)
             if alive is False:
@@ -368,7 +370,9 @@ async def _wait_in_queue(
             continue
         if watch is not None and now >= watch:
             # The holder's lease as we knew it is over: ask how long the lock is held.
-            until = now + lease.refresh_every if deadline is None else deadline
+            until = now + lease.refresh_every
+            if deadline is not None and deadline < until:
+                until = deadline
             left = await lease.remaining(until, task)
             await honour_cancellation(task, baseline)
             if left is None or left < 0:

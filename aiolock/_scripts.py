@@ -281,7 +281,9 @@ return 0
 # Returns {0, 0} if the key was not the releaser's (nothing is touched); {2, ms}
 # if it went to the queue's first live waiter instead (ARGV[6]; ms: its lease);
 # otherwise {1, fence}: the key now holds the next holder's token and lease (fence
-# as in ACQUIRE), and the queue, if any, lives that long plus its slack.
+# as in ACQUIRE). The queue is not touched without ARGV[6]: a local run looks at
+# it after LOCAL_RUN (0.1 s) at the latest, and whatever began the run (a grant,
+# a queued attempt) left it at least QUEUE_SLACK_MS to live.
 HANDOVER = Script(
     _GRANT
     + """
@@ -295,9 +297,6 @@ if ARGV[6] == '1' then
     end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3] + """
-    + str(QUEUE_SLACK_MS)
-    + """)
 if ARGV[7] == '1' then
     return {1, next_fence(KEYS[3])}
 end

@@ -279,6 +279,22 @@ async def _member(chain: Chain, locker: Locker) -> None:
         await chain.wait_for_holding_after(mine)
 
 
+async def _run_chain(chain: Chain, lockers: Sequence[Locker], time_limit: float) -> None:
+    """Run one member per locker until ``chain`` is done, then stop them all.
+
+    The members still waiting once the chain is done are cancelled: every
+    subject cleans up (or its lease does; each setting has its own key).
+    """
+    tasks = [asyncio.create_task(_member(chain, locker)) for locker in lockers]
+    await asyncio.wait(tasks, timeout=time_limit + ACQUIRE_TIMEOUT + 5)
+    chain.done = True
+    _, pending = await asyncio.wait(tasks, timeout=1.0)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5.0)
+
+
 @dataclass
 class Setting:
     """The figures of one (variant, waiters) chain."""
@@ -349,16 +365,7 @@ async def _measure(
             ping_p50 = percentiles(pings, (50,))[50]
             chunk_pings.append(ping_p50)
             chain = Chain(members, max(1, handoffs // CHUNKS), time.monotonic() + time_limit)
-            tasks = [asyncio.create_task(_member(chain, locker)) for locker in lockers]
-            _, pending = await asyncio.wait(tasks, timeout=time_limit + ACQUIRE_TIMEOUT + 5)
-            # The members still waiting once the chain is done are cancelled: every
-            # subject cleans up (or its lease does; each setting has its own key).
-            chain.done = True
-            _, pending = await asyncio.wait(tasks, timeout=1.0)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
+            await _run_chain(chain, lockers, time_limit)
             samples += chain.samples
             intervals += chain.intervals
             failures += chain.failures
@@ -411,14 +418,7 @@ async def _steady_commands(
     chain = Chain(members, last + 1, time.monotonic() + time_limit)
     chain.count_at = (first, last)
     chain.counter = lambda: server_commands(admin)
-    tasks = [asyncio.create_task(_member(chain, locker)) for locker in lockers]
-    await asyncio.wait(tasks, timeout=time_limit + ACQUIRE_TIMEOUT + 5)
-    chain.done = True
-    _, pending = await asyncio.wait(tasks, timeout=1.0)
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=5.0)
+    await _run_chain(chain, lockers, time_limit)
     if len(chain.counts) != 2:
         return math.nan
     # The first count's INFO is counted in the second.

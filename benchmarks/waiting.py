@@ -8,7 +8,9 @@ default ``AsyncLock`` (so each is one waiter in the queue on the server, as
 the waiters send (``INFO commandstats``, commands inside scripts included):
 that is the cost of waiting, in commands per second (the issue's bound:
 at most one per waiting client per second). The server's memory is read
-before the waiters came and once they are all queued.
+before the waiters came and once they are all queued (that includes each
+client's own connection), and what the queue's keys take is added up with
+``MEMORY USAGE``.
 
 Then the holder releases, and the lock passes through all the waiters,
 each holding it about a millisecond: the hand-offs per second, and the
@@ -125,6 +127,10 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(args.window)
             waiting_commands = await server_commands(admin) - before - 1
             per_second = waiting_commands / args.window
+            # What the queue itself takes: the list and every entry (not the connections).
+            key_bytes = int(await admin.memory_usage(keys.queue) or 0)
+            async for entry in admin.scan_iter(match=f"{keys.queue}:*", count=1000):
+                key_bytes += int(await admin.memory_usage(entry) or 0)
             # The drain: the lock passes through every waiter.
             before = await server_commands(admin)
             released = time.monotonic()
@@ -159,6 +165,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "memory_before_bytes": memory_before,
         "memory_queued_bytes": memory_queued,
         "memory_per_waiter_bytes": (memory_queued - memory_before) / args.clients,
+        "queue_bytes_per_waiter": key_bytes / args.clients,
         "drain_s": drained,
         "handoffs_per_s": args.clients / drained,
         "commands_per_handoff": drain_commands / args.clients,
@@ -191,7 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             ["queued in", f"{result['queued_in_s']:.2f} s"],
             ["server commands per second while waiting", f"{result['waiting_commands_per_s']:.0f}"],
             ["  per waiting client", f"{per_client:.3f}"],
-            ["server memory per waiter", f"{result['memory_per_waiter_bytes']:.0f} bytes"],
+            [
+                "server memory per waiter: the queue",
+                f"{result['queue_bytes_per_waiter']:.0f} bytes",
+            ],
+            [
+                "  with its client's connection",
+                f"{result['memory_per_waiter_bytes']:.0f} bytes",
+            ],
             ["drain: hand-offs per second", f"{result['handoffs_per_s']:.0f}"],
             ["drain: server commands per hand-off", f"{handoff:.1f}"],
             ["overlaps", result["overlaps"]],

@@ -71,3 +71,31 @@ def test_compare_runs_w1_against_head(tmp_path: Path) -> None:
     figures = {figure["figure"]: figure for figure in data["figures"]}
     for name in ("W1 reused: aiolock / floor", "W1 fresh: aiolock fresh / floor"):
         assert len(figures[name]["base"]) == len(figures[name]["new"]) == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_waiting_benchmark_runs_and_its_figures_hold(tmp_path: Path) -> None:
+    """benchmarks.waiting with 40 clients: at most 1 command/s per waiter, 12 per hand-off.
+
+    The queue's waiting cost (issue 13) at a small size: every waiter is
+    queued, they refresh their entries and nothing else, and the lock then
+    passes through all of them without overlap, leaving nothing.
+    """
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.waiting", "--quick", "--clients", "40"),
+            *("--processes", "2", "--window", "1.5", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, f"waiting failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    data = json.loads((tmp_path / "waiting.json").read_text())
+    assert data["clients"] == 40
+    assert data["waiting_commands_per_s_per_client"] <= 1.0
+    assert data["commands_per_handoff"] <= 12.0
+    assert data["overlaps"] == 0
+    assert data["keys_left"] == []

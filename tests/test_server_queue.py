@@ -321,20 +321,31 @@ async def test_cancelled_during_a_refresh_leaves_no_entry(
         await eventually(lambda: queue_length(admin, holder, 1), "the waiter queued")
         await admin.config_resetstat()
         await eventually(lambda: _ran(admin, "pexpire"), "a refresh", timeout=2)
-        await admin.client_pause(3000, all=False)
-        try:
-            await wait_for_paused_client(admin)
-            waiting.cancel()
-        finally:
-            await admin.client_unpause()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
+        await cancel_while_paused(admin, waiting)
         assert await queued(admin, holder) == []
         assert await admin.keys(f"{keys_of(holder).queue}:*") == []
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
         await holder.release()
+
+
+async def cancel_while_paused(
+    admin: redis.Redis, task: asyncio.Task[bool], *, paused: bool = False
+) -> None:
+    """Hold writes back (``CLIENT PAUSE WRITE``), cancel ``task`` once its command waits, resume.
+
+    ``paused``: the pause was started already (before ``task`` sent anything).
+    """
+    if not paused:
+        await admin.client_pause(3000, all=False)
+    try:
+        await wait_for_paused_client(admin)
+        task.cancel()
+    finally:
+        await admin.client_unpause()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def _ran(admin: redis.Redis, command: str) -> bool:
@@ -349,14 +360,8 @@ async def test_a_fair_first_attempt_cancelled_in_flight_leaves_no_key_and_no_ent
     assert await holder.acquire()
     waiter = AsyncLock(client, name, fair=True)
     await admin.client_pause(3000, all=False)
-    try:
-        waiting = asyncio.create_task(waiter.acquire())
-        await wait_for_paused_client(admin)
-        waiting.cancel()
-    finally:
-        await admin.client_unpause()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    waiting = asyncio.create_task(waiter.acquire())
+    await cancel_while_paused(admin, waiting, paused=True)
     assert await queued(admin, holder) == []
     await holder.release()
     assert await admin.keys(all_keys(name)) == []
