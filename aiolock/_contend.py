@@ -324,7 +324,7 @@ async def _wait_in_queue(
     lease is counted from there. ``pttl`` is the holder's remaining lease as
     the attempt saw it.
     """
-    subscription.expect(call.token)
+    subscription.expect(call.token, call.attempts)
     now = time.monotonic()
     watch = now + pttl / 1000 + WATCH_SLACK if pttl >= 0 else None
     refresh_at = proof + lease.refresh_every

@@ -540,7 +540,7 @@ class ServerLease:
         sending = (
             wire.set_nx(self.key, token, self._ms)
             if bare
-            else self._scripted(token, queue_up, queued)
+            else self._scripted(token, queue_up, queued, call.attempts)
         )
         sent = time.monotonic()
         try:
@@ -580,12 +580,16 @@ class ServerLease:
             call.contended = True
         return answer
 
-    async def _scripted(self, token: str, queue_up: bool, queued: bool) -> Reply:
-        """The acquire script: with fencing, queueing the caller, or with replicas."""
+    async def _scripted(self, token: str, queue_up: bool, queued: bool, number: int) -> Reply:
+        """The acquire script: with fencing, queueing the caller, or with replicas.
+
+        ``number`` (the attempt's, in its call) goes into the entry it writes,
+        and comes back with a grant of that entry.
+        """
         args = (
             token,
             self._ms,
-            self._entry if queue_up else "",
+            f"{self._entry} {number}" if queue_up else "",
             self._entry_ms,
             "1" if queued else "0",
             "1" if self.fencing else "0",

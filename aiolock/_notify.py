@@ -29,7 +29,7 @@ release message, a confirmed subscription, a broken connection) bumps its
 generation. A waiter notes the generation before each attempt and, if it
 moved by the time it would sleep, tries again at once.
 
-A *grant* (``g <token> <ms> <fence>``: the lock was handed to the queued
+A *grant* (``g <token> <ms> <fence> <n>``: the lock was handed to the queued
 waiter with that token, see :mod:`aiolock._scripts`) is news only to the
 subscription that expects that token (:meth:`Subscription.expect`), and
 bumps no generation: the other waiters do not wake; the channel notes how
@@ -123,26 +123,27 @@ class _Channel:
         self.waiters: set[asyncio.Future[None]] = set()
         #: The subscriptions that wait for a grant, by token.
         self.expected: dict[bytes, Subscription] = {}
-        #: The latest grants: token -> (lease ms, fence).
-        self.recent: dict[bytes, tuple[int, int]] = {}
+        #: The latest grants: token -> (lease ms, fence, the number of the granted entry).
+        self.recent: dict[bytes, tuple[int, int, int]] = {}
         #: When the first lease of the latest grant heard ends (monotonic; 0: none heard).
         self.holder_until = 0.0
 
     def granted(self, payload: bytes) -> None:
         """A grant message: wake the waiter it names, if it is ours; wake nobody else."""
         try:
-            _, token, ms_text, fence_text = payload.split(b" ")
+            _, token, ms_text, fence_text, written_text = payload.split(b" ")
             ms = int(ms_text)
             fence = int(fence_text)
+            written = int(written_text)
         except ValueError:
             logger.debug("aiolock: a malformed grant on %r: %r", self.name, payload)
             return
         self.holder_until = time.monotonic() + ms / 1000
         if len(self.recent) >= _RECENT_GRANTS:
             del self.recent[next(iter(self.recent))]
-        self.recent[token] = (ms, fence)
+        self.recent[token] = (ms, fence, written)
         subscription = self.expected.get(token)
-        if subscription is not None:
+        if subscription is not None and subscription.entry == written:
             subscription.granted = (ms, fence)
             future = subscription.future
             if future is not None and not future.done():
@@ -467,7 +468,16 @@ def _settle(future: asyncio.Future[None]) -> None:
 class Subscription:
     """One waiter's hold on a channel of a :class:`_Listener`."""
 
-    __slots__ = ("_channel", "_closed", "_listener", "_seen", "_token", "future", "granted")
+    __slots__ = (
+        "_channel",
+        "_closed",
+        "_listener",
+        "_seen",
+        "_token",
+        "entry",
+        "future",
+        "granted",
+    )
 
     def __init__(self, listener: _Listener, channel: _Channel, seen: int) -> None:
         self._listener = listener
@@ -477,21 +487,29 @@ class Subscription:
         self._token: bytes | None = None
         #: What :meth:`wait` awaits, while it waits.
         self.future: asyncio.Future[None] | None = None
-        #: ``(lease ms, fence)`` once a grant to the expected token was heard, else None.
+        #: ``(lease ms, fence)`` once a grant to the expected entry was heard, else None.
         self.granted: tuple[int, int] | None = None
+        #: The number of the expected entry (the attempt that wrote it).
+        self.entry = -1
 
     def mark(self) -> None:
         """Note the channel's generation: call it before each attempt."""
         self._seen = self._channel.generation
 
-    def expect(self, token: str) -> None:
-        """Wake for a grant to ``token`` too (a grant heard already counts)."""
+    def expect(self, token: str, entry: int) -> None:
+        """Wake for a grant to ``token``'s entry number ``entry`` too (one heard already counts).
+
+        A grant of another entry of the same token (one it missed, whose
+        lease ran out before it queued again) is not this one.
+        """
         raw = token.encode()
         if self._token != raw:
             self._forget_token()
             self._token = raw
             self._channel.expected[raw] = self
-        self.granted = self._channel.recent.get(raw)
+        self.entry = entry
+        heard = self._channel.recent.get(raw)
+        self.granted = heard[:2] if heard is not None and heard[2] == entry else None
 
     @property
     def live(self) -> bool:

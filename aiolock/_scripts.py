@@ -11,8 +11,9 @@ All keys one script touches share the lock's hash slot: the lock key is
 
 The queue between processes (DESIGN.md §3.4) is a list of tokens,
 ``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
-token``, whose value is the lease a grant gives it (``'<ms>'``, or
-``'<ms>f'`` when it wants a fence). An entry lives while its waiter
+token``, whose value is the lease a grant gives it and the number of the
+attempt that wrote it (``'<ms> <n>'``, or ``'<ms>f <n>'`` when it wants a
+fence). An entry lives while its waiter
 refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
 dead waiter's, and is dropped when met. Entry keys are the only keys a
 script names without ``KEYS``: a releaser cannot know the next waiter's
@@ -21,8 +22,10 @@ Valkey clusters allow.
 
 Every script that frees the lock hands it instead to the first live waiter
 of the queue (``grant_next``): the key takes that waiter's token with the
-lease its entry asks for, and ``g <token> <ms> <fence>`` goes out on the
-lock's channel, which wakes that waiter alone. Only with nobody queued is
+lease its entry asks for, and ``g <token> <ms> <fence> <n>`` goes out on
+the lock's channel, which wakes that waiter alone. ``<n>`` tells the waiter
+which of its entries was granted: a grant it missed, whose lease ran out
+before it queued again, is not taken for the grant of its new entry. Only with nobody queued is
 the key deleted and an empty message published (which wakes every waiter
 of the channel, as before the queue).
 """
@@ -97,7 +100,7 @@ local function grant_next(channel, sharded)
         end
         local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
         if wants then
-            local ms, fenced = string.match(wants, '^(%d+)(f?)$')
+            local ms, fenced, written = string.match(wants, '^(%d+)(f?) (%d+)$')
             redis.call('SET', KEYS[1], heir, 'PX', ms)
             redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
@@ -106,8 +109,8 @@ local function grant_next(channel, sharded)
             if fenced == 'f' then
                 fence = next_fence(KEYS[3])
             end
-            local fenced_text = string.format('%d', fence)
-            announce(channel, sharded, 'g ' .. heir .. ' ' .. ms .. ' ' .. fenced_text)
+            local message = 'g ' .. heir .. ' ' .. ms .. ' ' .. string.format('%d', fence)
+            announce(channel, sharded, message .. ' ' .. written)
             return tonumber(ms)
         end
     end
@@ -121,8 +124,9 @@ end
 #   KEYS[3]  the fencing counter (touched only with fencing, or for a fencing heir)
 #   ARGV[1]  the token
 #   ARGV[2]  the lease in milliseconds
-#   ARGV[3]  the entry to queue with if the lock is not taken ('<ms>' or '<ms>f': the
-#            lease a grant gives, and whether it wants a fence); '' to not queue
+#   ARGV[3]  the entry to queue with if the lock is not taken ('<ms> <n>' or
+#            '<ms>f <n>': the lease a grant gives, whether it wants a fence, and the
+#            number of this attempt); '' to not queue
 #   ARGV[4]  the entry's life in milliseconds
 #   ARGV[5]  '1' if the caller may be queued already (or even granted the lock)
 #   ARGV[6]  '1' with fencing

@@ -549,3 +549,43 @@ async def test_default_and_fair_locks_mixed_on_one_name_never_overlap(
                 p.kill()
                 await p.wait()
         await admin.delete(f"{name}:inside")
+
+
+async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_current_one(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Regression (issue 13, found by the soak): a grant message names the entry it granted.
+
+    A waiter that missed its grant (messages held back past the lease) and
+    queued again must not take that old message, when it comes, for the
+    grant of its new entry: it would believe it holds a lock held by
+    another. Here the old message is published by hand: the waiter's token,
+    with the number of an earlier attempt.
+    """
+    holder = AsyncLock(other_client, name, ttl=5.0)
+    assert await holder.acquire()
+    waiter = AsyncLock(client, name, ttl=5.0)
+    waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
+    try:
+        await eventually(lambda: queue_length(admin, holder, 1), "the waiter queued")
+        (token,) = await queued(admin, holder)
+        entry = str(await admin.get(f"{keys_of(holder).queue}:{token}"))
+        ms, number = entry.split()
+        assert int(number) > 1  # the bare SET was attempt 1; the script that queued, later
+        # An older entry's grant, and one that names no entry at all (the format before
+        # this fix, which the waiter took for its grant).
+        for stale in (f"g {token} {ms} 0 {int(number) - 1}", f"g {token} {ms} 0"):
+            assert await admin.publish(keys_of(holder).channel, stale) >= 1
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "the waiter took an old grant for its own"
+        assert await holder.owned()
+        await holder.release()
+        with anyio.fail_after(2):
+            assert await waiting
+        assert await waiter.owned()
+        await waiter.release()
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        if holder.statistics().held:
+            await holder.release()
