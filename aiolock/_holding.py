@@ -349,7 +349,12 @@ class LeaseLock:
         if timer is not None and timer.reuse(callback, holding):
             holding.timer = timer
         else:
-            when = sent + holding.span / 3 if self._auto_renew else holding.lease_end
+            # A grant's first lease is short and counted from before the grant (the
+            # heir's latest proof of being queued): renewing it at a third would renew at
+            # once whenever that proof is older, so its first renewal comes at two thirds,
+            # which still leaves a third of the lease for retries.
+            share = 2 / 3 if won.span is not None else 1 / 3
+            when = sent + holding.span * share if self._auto_renew else holding.lease_end
             holding.timer = call_at(when, callback, holding, loop=task.get_loop())
         holding.owner_done = self._task_done
         task.add_done_callback(self._task_done)
