@@ -35,6 +35,18 @@ SLACK = 0.3
 ROOT = Path(__file__).resolve().parent.parent
 
 
+async def python(code: str, *args: str, stdout: int | None = None) -> asyncio.subprocess.Process:
+    """Run ``code`` with ``args`` in another Python process that imports this checkout's aiolock."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        *args,
+        stdout=stdout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 async def queued(admin: redis.Redis, lock: AsyncLock) -> list[str]:
     """The tokens in ``lock``'s queue on the server, first first."""
     return [str(t) for t in await admin.lrange(keys_of(lock).queue, 0, -1)]
@@ -103,18 +115,7 @@ async def test_waiters_in_separate_processes_are_served_in_queue_order(
     processes = []
     try:
         for me in ("p2", "p0", "p3", "p1"):
-            processes.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-c",
-                    WAITER_PROCESS,
-                    server.url,
-                    name,
-                    me,
-                    mode,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                )
-            )
+            processes.append(await python(WAITER_PROCESS, server.url, name, me, mode))
             await eventually(
                 lambda: queue_length(admin, holder, len(processes)),
                 "the process queued",
@@ -228,15 +229,7 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
     """
     holder = AsyncLock(client, name, ttl=ttl)
     assert await holder.acquire()
-    dead = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        DEAD_WAITER,
-        server.url,
-        name,
-        str(ttl),
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    dead = await python(DEAD_WAITER, server.url, name, str(ttl))
     nxt = AsyncLock(other_client, name, ttl=ttl)
     waiting: asyncio.Task[bool] | None = None
     try:
@@ -523,17 +516,7 @@ async def test_default_and_fair_locks_mixed_on_one_name_never_overlap(
     on exit; it must read 1 inside every holding.
     """
     processes = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            MIXED_WORKER,
-            server.url,
-            name,
-            mode,
-            "2",
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+        await python(MIXED_WORKER, server.url, name, mode, "2", stdout=asyncio.subprocess.PIPE)
         for mode in ("default", "fair", "default", "fair")
     ]
     try:
