@@ -18,19 +18,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_module(label: str, module: str, *args: str, timeout: float) -> None:
+    """``python -m module args`` from the checkout; it must exit 0 (else its output's tail)."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, f"{label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", ["contention", "handoff", "seckill", "redlock"])
 def test_benchmark_runs_quick_and_checks_itself(name: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick --only NAME` exits 0 and writes NAME.json and NAME.png."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", name, "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
-    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    run_module(name, "benchmarks", "--quick", "--only", name, "--out", str(tmp_path), timeout=170)
     data = json.loads((tmp_path / f"{name}.json").read_text())
     assert data, f"{name}.json is empty"
     assert (tmp_path / f"{name}.png").stat().st_size > 1000
@@ -50,18 +55,12 @@ def _in_git_checkout() -> bool:
 def test_compare_runs_w1_against_head(tmp_path: Path) -> None:
     """`python -m benchmarks.compare` runs W1 against HEAD's and the working tree's aiolock."""
     out = tmp_path / "compare.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.compare", "--quick", "--bench", "contention"),
-            *("--workload", "W1", "--rounds", "1", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    run_module(
+        "compare",
+        *("benchmarks.compare", "--quick", "--bench", "contention", "--workload", "W1"),
+        *("--rounds", "1", "--json", str(out)),
         timeout=170,
-        check=False,
     )
-    assert done.returncode == 0, f"compare failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     data = json.loads(out.read_text())
     runs = {run["side"]: run for run in data["runs"]}
     assert set(runs) == {"base", "new"}
@@ -81,18 +80,12 @@ def test_the_waiting_benchmark_runs_and_its_figures_hold(tmp_path: Path) -> None
     queued, they refresh their entries and nothing else, and the lock then
     passes through all of them without overlap, leaving nothing.
     """
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.waiting", "--quick", "--clients", "40"),
-            *("--processes", "2", "--window", "1.5", "--out", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    run_module(
+        "waiting",
+        *("benchmarks.waiting", "--quick", "--clients", "40", "--processes", "2"),
+        *("--window", "1.5", "--out", str(tmp_path)),
         timeout=110,
-        check=False,
     )
-    assert done.returncode == 0, f"waiting failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     data = json.loads((tmp_path / "waiting.json").read_text())
     assert data["clients"] == 40
     assert data["waiting_commands_per_s_per_client"] <= 1.0
