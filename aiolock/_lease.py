@@ -586,10 +586,19 @@ class ServerLease:
         ``number`` (the attempt's, in its call) goes into the entry it writes,
         and comes back with a grant of that entry.
         """
+        entry = ""
+        if queue_up:
+            # With notifications, the grant goes to our process's grant channel.
+            tag = (
+                ""
+                if self._listeners is None
+                else _notify.grant_tag(self.wire.client, self._release_args[0])
+            )
+            entry = f"{self._entry} {number} {tag}" if tag else f"{self._entry} {number}"
         args = (
             token,
             self._ms,
-            f"{self._entry} {number}" if queue_up else "",
+            entry,
             self._entry_ms,
             "1" if queued else "0",
             "1" if self.fencing else "0",

@@ -30,12 +30,18 @@ generation. A waiter notes the generation before each attempt and, if it
 moved by the time it would sleep, tries again at once.
 
 A *grant* (``g <token> <ms> <fence> <n>``: the lock was handed to the queued
-waiter with that token, see :mod:`aiolock._scripts`) is news only to the
-subscription that expects that token (:meth:`Subscription.expect`), and
-bumps no generation: the other waiters do not wake; the channel notes how
-long the new holder's first lease runs (:meth:`Subscription.holder_until`),
-which they read when they wake. The last few grants are remembered, so that
-a waiter that expects its token only after the message came still finds it.
+waiter with that token, see :mod:`aiolock._scripts`) goes out on the grant
+channel of the heir's process: each listener has a random :attr:`tag
+<_Listener.tag>`, subscribes ``<channel>:<tag>`` with every channel, and a
+queued waiter names the tag in its entry. So a grant wakes one process,
+whatever the number of processes waiting. Only if nobody listens there (the
+heir's process died) does it go out on the lock's channel, to everyone. A
+grant is news only to the subscription that expects that token
+(:meth:`Subscription.expect`), and bumps no generation: the other waiters
+of the process do not wake; the channel notes how long the new holder's
+first lease runs (:meth:`Subscription.holder_until`), which they read when
+they wake. The last few grants are remembered, so that a waiter that
+expects its token only after the message came still finds it.
 
 Plain clients of one process that connect alike share their listeners
 (:func:`listeners_of`): one pub/sub connection per server, whatever the
@@ -48,6 +54,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, final
@@ -66,7 +73,7 @@ if TYPE_CHECKING:
 
     from ._types import Client
 
-__all__ = ["LINGER", "Subscription", "generation_in", "listeners_of", "subscribe"]
+__all__ = ["LINGER", "Subscription", "generation_in", "grant_tag", "listeners_of", "subscribe"]
 
 logger = logging.getLogger("aiolock")
 
@@ -103,6 +110,7 @@ class _Channel:
     __slots__ = (
         "expected",
         "generation",
+        "grants",
         "holder_until",
         "name",
         "raw",
@@ -113,9 +121,11 @@ class _Channel:
         "waiters",
     )
 
-    def __init__(self, name: str, raw: bytes) -> None:
+    def __init__(self, name: str, raw: bytes, tag: bytes) -> None:
         self.name = name
         self.raw = raw
+        #: The channel of this process's grants on the lock: ``<channel>:<tag>``.
+        self.grants = raw + b":" + tag
         self.refs = 0
         self.generation = 0
         self.state = _State.NEW
@@ -180,6 +190,7 @@ class _Listener:
         "_conn",
         "_connection_class",
         "_encoding",
+        "_grants",
         "_heard",
         "_kwargs",
         "_ping_sent",
@@ -190,6 +201,7 @@ class _Listener:
         "_write_lock",
         "label",
         "loop",
+        "tag",
     )
 
     def __init__(
@@ -215,6 +227,11 @@ class _Listener:
         self._kwargs = kwargs
         self._sharded = sharded
         self._channels: dict[bytes, _Channel] = {}
+        #: The same channels by the name of their grant channel.
+        self._grants: dict[bytes, _Channel] = {}
+        #: What names this listener's grant channels (``<channel>:<tag>``): random, so
+        #: that a grant reaches the heir's process alone.
+        self.tag = os.urandom(4).hex()
         self._conn: AbstractConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -239,7 +256,8 @@ class _Listener:
         raw = name.encode(self._encoding)
         channel = self._channels.get(raw)
         if channel is None:
-            channel = self._channels[raw] = _Channel(name, raw)
+            channel = self._channels[raw] = _Channel(name, raw, self.tag.encode())
+            self._grants[channel.grants] = channel
             seen = 0  # the confirmation will bump it: try again once subscribed
         elif seen is None:
             seen = -1  # it appeared since the attempt: something may have been missed
@@ -253,7 +271,7 @@ class _Listener:
             channel.state = _State.PENDING
             channel.since = time.monotonic()
             try:
-                await self._send(self._conn, self._command("SUBSCRIBE"), raw)
+                await self._send_channels(self._conn, "SUBSCRIBE", [channel])
             except BaseException:
                 subscription.close()
                 raise
@@ -282,13 +300,18 @@ class _Listener:
             logger.debug("aiolock: pub/sub send failed: %r", exc)
             await conn.disconnect(nowait=True)
 
-    async def _send_channels(self, conn: AbstractConnection, verb: str, raws: list[bytes]) -> None:
-        """(Un)subscribe ``raws``: one command, or on a cluster one per channel in one write.
+    async def _send_channels(
+        self, conn: AbstractConnection, verb: str, channels: list[_Channel]
+    ) -> None:
+        """(Un)subscribe ``channels`` and their grant channels.
+
+        One command, or on a cluster one per channel in one write.
 
         A sharded command with channels of several slots fails with CROSSSLOT,
         and the channels of one node's listener may lie in many slots.
         """
         command = self._command(verb)
+        raws = [raw for channel in channels for raw in (channel.raw, channel.grants)]
         if self._sharded:
             await self._send_all(conn, [(command, raw) for raw in raws])
         else:
@@ -361,7 +384,7 @@ class _Listener:
             channel.state = _State.PENDING
             channel.since = now
         if new:
-            await self._send_channels(conn, "SUBSCRIBE", [c.raw for c in new])
+            await self._send_channels(conn, "SUBSCRIBE", new)
 
     def _broken(self) -> None:
         """The connection is gone: nothing is subscribed; wake every waiter to poll.
@@ -372,7 +395,7 @@ class _Listener:
         for channel in list(self._channels.values()):
             channel.state = _State.NEW
             if channel.refs == 0:
-                del self._channels[channel.raw]
+                self._forget(channel)
             channel.bump()
 
     async def _read(self, conn: AbstractConnection) -> None:
@@ -425,21 +448,29 @@ class _Listener:
         if not idle:
             return
         for channel in idle:
-            del self._channels[channel.raw]
+            self._forget(channel)
             channel.bump()
         if self._channels:  # otherwise the connection is closed, which unsubscribes all
-            asked = [c.raw for c in idle if c.state is not _State.NEW]
+            asked = [c for c in idle if c.state is not _State.NEW]
             if asked:
                 await self._send_channels(conn, "UNSUBSCRIBE", asked)
+
+    def _forget(self, channel: _Channel) -> None:
+        """Stop serving ``channel`` (and its grant channel)."""
+        del self._channels[channel.raw]
+        del self._grants[channel.grants]
 
     def _dispatch(self, reply: Any) -> None:
         """Handle one pushed reply."""
         if not isinstance(reply, list) or len(reply) < 2:
             return
         kind = bytes(reply[0]).lower()
-        channel = self._channels.get(reply[1]) if isinstance(reply[1], bytes) else None
+        name = reply[1]
+        if not isinstance(name, bytes):
+            return  # a PONG
+        channel = self._grants.get(name) or self._channels.get(name)
         if channel is None:
-            return  # a PONG, or news of a channel already forgotten
+            return  # news of a channel already forgotten
         if kind in (b"message", b"smessage"):
             payload = reply[2] if len(reply) > 2 else b""
             if isinstance(payload, bytes) and payload.startswith(b"g "):
@@ -447,7 +478,8 @@ class _Listener:
             else:
                 channel.bump()
         elif kind in (b"subscribe", b"ssubscribe"):
-            if channel.state is _State.PENDING:
+            # Both channels were asked for in this order: live once the second is.
+            if channel.state is _State.PENDING and name == channel.grants:
                 channel.state = _State.LIVE
                 self._confirmed = True
                 channel.bump()
@@ -455,7 +487,7 @@ class _Listener:
             # Not asked for (channels are forgotten before they are unsubscribed): the
             # server dropped it, e.g. its slot moved. Its waiters poll; the next waiter
             # subscribes again.
-            del self._channels[channel.raw]
+            self._forget(channel)
             channel.bump()
 
 
@@ -598,15 +630,35 @@ def listeners_of(client: Client) -> dict[str, _Listener]:
 
 
 def _listener(client: Client, channel: str) -> _Listener:
-    label, connection_class, kwargs = _connection_for(client, channel)
     home = listeners_of(client)
-    listener = home.get(label)
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(channel)
+        if node is None:
+            raise LookupError(f"no cluster node serves {channel!r} yet")
+        listener = home.get(node.name)
+    else:
+        listener = home.get("")
     loop = asyncio.get_running_loop()
     if listener is None or listener.loop is not loop:
         # (A listener of another event loop, one that ended, is of no use here.)
+        label, connection_class, kwargs = _connection_for(client, channel)
         sharded = isinstance(client, RedisCluster)
         listener = home[label] = _Listener(label, connection_class, kwargs, sharded)
     return listener
+
+
+def grant_tag(client: Client, channel: str) -> str:
+    """The tag of the grant channel a waiter on ``channel`` will listen to ('' if none).
+
+    A queued waiter writes it in its entry, so that its grant is published
+    on ``<channel>:<tag>``, which only its process's listener reads. The
+    listener is made here if need be (it connects when a waiter subscribes).
+    """
+    try:
+        listener = _listener(client, channel)
+    except (LookupError, SlotNotCoveredError):  # a cluster whose slot map is not loaded
+        return ""
+    return listener.tag
 
 
 def generation_in(home: dict[str, _Listener], channel: str) -> int | None:

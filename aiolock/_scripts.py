@@ -11,9 +11,10 @@ All keys one script touches share the lock's hash slot: the lock key is
 
 The queue between processes (DESIGN.md §3.4) is a list of tokens,
 ``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
-token``, whose value is the lease a grant gives it and the number of the
-attempt that wrote it (``'<ms> <n>'``, or ``'<ms>f <n>'`` when it wants a
-fence). An entry lives while its waiter
+token``, whose value is the lease a grant gives it, the number of the
+attempt that wrote it and the tag of its process's grant channel
+(``'<ms> <n> <tag>'``, or ``'<ms>f <n> <tag>'`` when it wants a fence; a
+waiter without notifications leaves the tag out). An entry lives while its waiter
 refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
 dead waiter's, and is dropped when met. Entry keys are the only keys a
 script names without ``KEYS``: a releaser cannot know the next waiter's
@@ -23,7 +24,12 @@ Valkey clusters allow.
 Every script that frees the lock hands it instead to the first live waiter
 of the queue (``grant_next``): the key takes that waiter's token with the
 lease its entry asks for, and ``g <token> <ms> <fence> <n>`` goes out on
-the lock's channel, which wakes that waiter alone. ``<n>`` tells the waiter
+the grant channel its entry names, ``<channel>:<tag>``, which only the
+heir's process listens to: it wakes that waiter alone, and no other process
+reads it. If nobody listens there (the heir's process died, or its
+pub/sub connection is down), or the entry names no channel, the grant goes
+out on the lock's channel instead, where every waiter hears it: the next
+in line then knows that the heir's first lease bounds its wait. ``<n>`` tells the waiter
 which of its entries was granted: a grant it missed, whose lease ran out
 before it queued again, is not taken for the grant of its new entry. Only with nobody queued is
 the key deleted and an empty message published (which wakes every waiter
@@ -85,11 +91,16 @@ _GRANT = (
     _NEXT_FENCE
     + """
 local function announce(channel, sharded, payload)
+    local heard
     if sharded == '1' then
-        redis.pcall('SPUBLISH', channel, payload)
+        heard = redis.pcall('SPUBLISH', channel, payload)
     else
-        redis.pcall('PUBLISH', channel, payload)
+        heard = redis.pcall('PUBLISH', channel, payload)
     end
+    if type(heard) == 'number' then
+        return heard
+    end
+    return 0
 end
 
 local function grant_next(channel, sharded)
@@ -100,7 +111,7 @@ local function grant_next(channel, sharded)
         end
         local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
         if wants then
-            local ms, fenced, written = string.match(wants, '^(%d+)(f?) (%d+)$')
+            local ms, fenced, written, tag = string.match(wants, '^(%d+)(f?) (%d+) ?(%w*)$')
             redis.call('SET', KEYS[1], heir, 'PX', ms)
             redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
@@ -110,7 +121,10 @@ local function grant_next(channel, sharded)
                 fence = next_fence(KEYS[3])
             end
             local message = 'g ' .. heir .. ' ' .. ms .. ' ' .. string.format('%d', fence)
-            announce(channel, sharded, message .. ' ' .. written)
+            message = message .. ' ' .. written
+            if tag == '' or announce(channel .. ':' .. tag, sharded, message) == 0 then
+                announce(channel, sharded, message)
+            end
             return tonumber(ms)
         end
     end
@@ -124,9 +138,10 @@ end
 #   KEYS[3]  the fencing counter (touched only with fencing, or for a fencing heir)
 #   ARGV[1]  the token
 #   ARGV[2]  the lease in milliseconds
-#   ARGV[3]  the entry to queue with if the lock is not taken ('<ms> <n>' or
-#            '<ms>f <n>': the lease a grant gives, whether it wants a fence, and the
-#            number of this attempt); '' to not queue
+#   ARGV[3]  the entry to queue with if the lock is not taken ('<ms> <n> <tag>' or
+#            '<ms>f <n> <tag>': the lease a grant gives, whether it wants a fence, the
+#            number of this attempt, and the tag of the channel its grant goes to,
+#            which may be left out with its space); '' to not queue
 #   ARGV[4]  the entry's life in milliseconds
 #   ARGV[5]  '1' if the caller may be queued already (or even granted the lock)
 #   ARGV[6]  '1' with fencing

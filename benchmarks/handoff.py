@@ -12,7 +12,13 @@ Variants:
 * ``aiolock separate``: every member has its own client object (as if each
   were its own process): they wait in the lock's queue on the server, and
   a release grants the lock to the first of them, which a message wakes;
-* ``aiolock fair``: the same with ``fair=True`` (every acquisition through
+* ``aiolock processes``: the same, but every member is a process of its
+  own (:mod:`benchmarks._processes`): a hand-off crosses from one process
+  to another as between uvicorn workers or pods. Its second baseline is the
+  floor of any notification between two processes here: a ``PUBLISH`` from
+  this process until a subscriber in another has it (measured in the same
+  run, after the same pause);
+* ``aiolock fair``: the same as ``aiolock separate`` with ``fair=True`` (every acquisition through
   the queue, none barging on a free lock);
 * ``aiolock shared``: every member uses one client object: aiolock's local
   FIFO hands the lock over inside the process;
@@ -67,6 +73,7 @@ from ._common import (
     server_commands,
     write_json,
 )
+from ._processes import publish_floor, run_chain
 from .contention import AiolockLocker, Locker, RedisPyLocker
 
 NAME: Final = "handoff"
@@ -74,6 +81,7 @@ MODULE: Final = "benchmarks.handoff"
 
 VARIANTS: Final = (
     "aiolock separate",
+    "aiolock processes",
     "aiolock fair",
     "aiolock shared",
     "redis-py 0.1",
@@ -99,6 +107,8 @@ return 0
 #: scheduler puts the client and the server), so a baseline is only good for
 #: the hand-offs measured right after it.
 CHUNKS: Final = 4
+#: With ``--quick``, the ``aiolock processes`` rows stop at this many waiters.
+QUICK_PROCESSES: Final = 2
 #: How many PINGs measure the round trip.
 PINGS_FULL: Final = 2000
 PINGS_QUICK: Final = 200
@@ -399,6 +409,51 @@ async def _measure(
     )
 
 
+async def _measure_processes(
+    url: str,
+    admin: Redis,
+    waiters: int,
+    handoffs: int,
+    time_limit: float,
+    pings: int,
+    floor: float,
+) -> Setting:
+    """The ``aiolock processes`` row: one process per member, PINGs before and after."""
+    ping_client = Redis.from_url(url)
+    try:
+        before = await ping_rtt(ping_client, pings, HOLD)
+        chain = await run_chain(
+            url,
+            admin,
+            f"bench:handoff:aiolock-processes:{waiters}",
+            waiters,
+            handoffs,
+            time_limit,
+            HOLD,
+        )
+        after = await ping_rtt(ping_client, pings, HOLD)
+    finally:
+        await ping_client.aclose()
+    ping = statistics.median(before + after)
+    quantiles = percentiles(chain.samples, (50, 90, 99, 100))
+    return Setting(
+        variant="aiolock processes",
+        waiters=waiters,
+        handoffs=len(chain.samples),
+        wall=chain.wall,
+        handoff_ms={k: v * 1000 for k, v in quantiles.items()},
+        p50_rtt=quantiles[50] / ping if chain.samples else math.nan,
+        ping_ms=ping * 1000,
+        p50_pair=quantiles[50] / floor if chain.samples else math.nan,
+        failures=chain.failures,
+        overlaps=chain.overlaps,
+        client_cmds_per_handoff=math.nan,  # sent by other processes: not counted here
+        server_cmds_per_handoff=chain.server_cmds_per_handoff,
+        server_cmds_per_steady_handoff=chain.server_cmds_per_steady_handoff,
+        first_error=chain.first_error,
+    )
+
+
 async def _steady_commands(
     admin: Redis, lockers: Sequence[Locker], handoffs: int, time_limit: float
 ) -> float:
@@ -447,6 +502,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             pair_q = percentiles(pairs, (50, 90, 99))
             pair = pair_q[50]
             hot = percentiles(hot_pings, (50,))[50]
+            floors: dict[int, dict[int, float]] = {}
             print(
                 f"  PING round trip p50 {rtt * 1000:.3f} ms over {len(pings)} PINGs, each "
                 f"after a {HOLD[0] * 1000:g}-{HOLD[1] * 1000:g} ms pause like the holder's "
@@ -456,16 +512,37 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             )
             for waiters in args.waiters:
                 for variant in variants:
-                    setting = await _measure(
-                        server.url,
-                        admin,
-                        variant,
-                        waiters,
-                        handoffs,
-                        time_limit,
-                        count // (2 * CHUNKS),
-                        pair,
-                    )
+                    if variant == "aiolock processes":
+                        if args.quick and waiters > QUICK_PROCESSES:
+                            continue  # a smoke run: dozens of processes to start on 2 cores
+                        delays = await publish_floor(server.url, count // 4, HOLD, waiters + 1)
+                        floors[waiters] = floor = percentiles(delays, (50, 90, 99))
+                        print(
+                            f"  PUBLISH to {waiters + 1} other processes in turn, until the "
+                            f"process has it: p50 {floor[50] * 1000:.3f} ms "
+                            f"({floor[50] / rtt:.2f} PING RTT)",
+                            flush=True,
+                        )
+                        setting = await _measure_processes(
+                            server.url,
+                            admin,
+                            waiters,
+                            handoffs,
+                            time_limit,
+                            count // 4,
+                            floor[50],
+                        )
+                    else:
+                        setting = await _measure(
+                            server.url,
+                            admin,
+                            variant,
+                            waiters,
+                            handoffs,
+                            time_limit,
+                            count // (2 * CHUNKS),
+                            pair,
+                        )
                     settings.append(setting)
                     print(
                         f"  {variant:<17} N={waiters:<3} p50 {setting.handoff_ms[50]:8.3f} ms "
@@ -482,6 +559,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "ping_rtt_back_to_back_p50_ms": hot * 1000,
         "pings": len(pings),
         "release_acquire_pair_ms": {k: v * 1000 for k, v in pair_q.items()},
+        "publish_to_other_processes_ms": {
+            n: {k: v * 1000 for k, v in q.items()} for n, q in floors.items()
+        },
         "handoffs_per_setting": handoffs,
         "time_limit_s": time_limit,
         "hold_s": HOLD,
@@ -582,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "p99 ms",
             "max ms",
             "p50 / RTT",
-            "p50 / pair",
+            "p50 / pair (processes: / floor)",
             "client cmd/handoff",
             "server cmd/handoff",
             "server cmd, steady",
@@ -613,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s.first_error:
             print(f"  {s.variant} N={s.waiters}: first error: {s.first_error}")
     targets = []
-    for variant in ("aiolock separate", "aiolock fair", "aiolock shared"):
+    for variant in ("aiolock separate", "aiolock processes", "aiolock fair", "aiolock shared"):
         mine = [s for s in settings if s.variant == variant]
         if not mine:
             continue
@@ -626,6 +706,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'PASS' if passed else 'FAIL'}  {variant}: p50 <= {bound:g} PING RTT for every "
             f"number of waiters: {detail} RTT"
         )
+        if variant == "aiolock processes":
+            floors = ", ".join(f"N={s.waiters}: {s.p50_pair:.2f}" for s in mine)
+            print(
+                f"INFO  {variant}: p50 over the floor of a notification between processes "
+                f"(PUBLISH to as many processes in turn): {floors}"
+            )
         if variant != "aiolock shared":
             most = max(s.server_cmds_per_steady_handoff for s in mine)
             fits = all(s.server_cmds_per_steady_handoff <= TARGET_COMMANDS for s in mine)

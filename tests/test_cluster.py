@@ -454,10 +454,12 @@ def classify(ran: list[Ran], tag: str, owners: dict[int, int]) -> Paths:
         elif verb == "EVALSHA" and args[1] in SCRIPT_NAMES and tag in args[3]:
             keys = args[3 : 3 + int(args[2])]
             label = SCRIPT_NAMES[args[1]]
-            # The fencing flag: ACQUIRE's ARGV[6], HANDOVER's ARGV[7] (the heir's).
-            flag = {"acquire": 5, "handover": 6}.get(label)
+            # The fencing flag: ACQUIRE's ARGV[6] (of 8), HANDOVER's ARGV[7] (the heir's, of
+            # 7). Counted from the end: MONITOR's command is split at spaces, and a queue
+            # entry (ACQUIRE's ARGV[3]) has some.
+            flag = {"acquire": -3, "handover": -1}.get(label)
             if flag is not None:
-                fenced = args[3 + len(keys) + flag] == "1"
+                fenced = args[flag] == "1"
                 label += " with fence" if fenced else " without fence"
             counts[label] += 1
             if label == "extend":

@@ -605,7 +605,8 @@ async def test_one_shared_connection_subscribes_each_channel_once(
         await waiting(probe, 3)
         await subscribed(admin, probe)  # 1, not 3: one subscription per channel and client
     new = {i: n for i, n in (await pubsub_clients(admin)).items() if i not in before}
-    assert list(new.values()) == [2], new  # one connection, both channels
+    # One connection, both channels, and our process's grant channel of each.
+    assert list(new.values()) == [4], new
     [listener] = new
 
     await holders[0].release()
@@ -614,7 +615,7 @@ async def test_one_shared_connection_subscribes_each_channel_once(
     await unsubscribed(admin, probes[0])
     assert await numsub(admin, channel_of(probes[1])) == 1
     new = {i: n for i, n in (await pubsub_clients(admin)).items() if i not in before}
-    assert new == {listener: 1}, new  # the same connection, one channel left
+    assert new == {listener: 2}, new  # the same connection, one channel (and its grants) left
 
     await holders[1].release()
     for waiter in waiters[names[1]]:

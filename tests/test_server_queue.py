@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -224,8 +225,9 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
 
     The holder releases right after the kill: the dead waiter's entry is
     still alive, so it is granted the lock, for a first lease of one entry
-    life only. The next waiter, which heard that grant, takes the lock as
-    that lease ends.
+    life only. Nobody listens on the dead process's grant channel any more,
+    so the grant goes out on the lock's channel: the next waiter hears it
+    and takes the lock as that first lease ends.
     """
     holder = AsyncLock(client, name, ttl=ttl)
     assert await holder.acquire()
@@ -249,6 +251,50 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
         if dead.returncode is None:
             dead.kill()
             await dead.wait()
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        if holder.statistics().held:
+            await holder.release()
+
+
+async def test_a_stopped_queued_waiter_delays_the_next_by_the_lease_it_last_saw_at_most(
+    server: RedisServer,
+    client: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+) -> None:
+    """A waiter whose process is stopped (SIGSTOP) at the head of the queue: the bound is ttl.
+
+    Its pub/sub connection stays open, so its grant goes to its own grant
+    channel and no other process hears of it: the next waiter looks at the
+    lock when the holder's lease it last saw ends (at most ``ttl`` after the
+    release), and takes it once the stopped heir's first lease has run out.
+    """
+    ttl = 3.0
+    holder = AsyncLock(client, name, ttl=ttl)
+    assert await holder.acquire()
+    stopped = await python(DEAD_WAITER, server.url, name, str(ttl))
+    nxt = AsyncLock(other_client, name, ttl=ttl)
+    waiting: asyncio.Task[bool] | None = None
+    try:
+        await eventually(lambda: queue_length(admin, holder, 1), "the stopped waiter queued", 10)
+        waiting = asyncio.create_task(nxt.acquire(timeout=10))
+        await eventually(lambda: queue_length(admin, holder, 2), "the next waiter queued")
+        stopped.send_signal(signal.SIGSTOP)
+        released = time.monotonic()
+        await holder.release()
+        with anyio.fail_after(10):
+            assert await waiting
+        delay = time.monotonic() - released
+        # It was granted (the first lease ran out first), and the next looked in time.
+        assert min(ttl, ENTRY_CAP) - SLACK <= delay <= ttl + SLACK, f"the next waited {delay:.3f} s"
+        await nxt.release()
+    finally:
+        if stopped.returncode is None:
+            stopped.kill()
+            await stopped.wait()
         if waiting is not None:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
@@ -553,12 +599,14 @@ async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_curre
         await eventually(lambda: queue_length(admin, holder, 1), "the waiter queued")
         (token,) = await queued(admin, holder)
         entry = str(await admin.get(f"{keys_of(holder).queue}:{token}"))
-        ms, number = entry.split()
+        ms, number, tag = entry.split()
         assert int(number) > 1  # the bare SET was attempt 1; the script that queued, later
         # An older entry's grant, and one that names no entry at all (the format before
-        # this fix, which the waiter took for its grant).
+        # this fix, which the waiter took for its grant); on the waiter's grant channel
+        # and on the lock's.
         for stale in (f"g {token} {ms} 0 {int(number) - 1}", f"g {token} {ms} 0"):
-            assert await admin.publish(keys_of(holder).channel, stale) >= 1
+            for channel in (f"{keys_of(holder).channel}:{tag}", keys_of(holder).channel):
+                assert await admin.publish(channel, stale) >= 1
         await asyncio.sleep(0.3)
         assert not waiting.done(), "the waiter took an old grant for its own"
         assert await holder.owned()
@@ -572,3 +620,62 @@ async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_curre
         await asyncio.gather(waiting, return_exceptions=True)
         if holder.statistics().held:
             await holder.release()
+
+
+async def test_a_grant_reaches_the_heirs_process_alone_unless_nobody_listens_there(
+    server: RedisServer, client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """A grant goes out on the heir's grant channel, not on the lock's (no other process wakes).
+
+    The heir's client connects unlike ``client`` (another name), so it has
+    a listener, and a grant channel, of its own, as another process would.
+    A grant to an entry whose grant channel nobody listens to (its process
+    died) goes out on the lock's channel instead, where the next in line
+    hears how long the dead heir's first lease runs.
+    """
+    holder = AsyncLock(client, name)
+    assert await holder.acquire()
+    heir_client = redis.Redis.from_url(server.url, client_name="heir")
+    watcher = admin.pubsub()
+    await watcher.subscribe(keys_of(holder).channel)
+    heard: list[str] = []
+
+    async def listen() -> None:
+        async for message in watcher.listen():
+            if message["type"] == "message":
+                heard.append(message["data"])  # noqa: PERF401 - read while it runs
+
+    listening = asyncio.create_task(listen())
+    heir = AsyncLock(heir_client, name)
+    waiting = asyncio.create_task(heir.acquire(timeout=5.0))
+    try:
+        await eventually(lambda: queue_length(admin, holder, 1), "the heir queued")
+        (token,) = await queued(admin, holder)
+        _, _, tag = str(await admin.get(f"{keys_of(holder).queue}:{token}")).split()
+        grants = f"{keys_of(holder).channel}:{tag}"
+        assert (await admin.pubsub_numsub(grants))[0][1] == 1
+        await holder.release()
+        with anyio.fail_after(2):
+            assert await waiting
+        await asyncio.sleep(0.1)
+        assert heard == [], "a grant to a listening heir went out on the lock's channel"
+
+        # An entry whose grant channel nobody listens to: the grant goes to everyone.
+        dead = "0" * 32
+        await admin.rpush(keys_of(holder).queue, dead)
+        await admin.set(f"{keys_of(holder).queue}:{dead}", "2000 1 deadbeef", px=5000)
+        await heir.release()
+        await eventually(lambda: _heard(heard), "the grant went out on the lock's channel")
+        assert heard == [f"g {dead} 2000 0 1"]
+        assert await admin.get(keys_of(holder).lock) == dead
+    finally:
+        waiting.cancel()
+        listening.cancel()
+        await asyncio.gather(waiting, listening, return_exceptions=True)
+        await watcher.aclose()  # type: ignore[no-untyped-call]
+        await heir_client.aclose()
+        await admin.delete(keys_of(holder).lock, keys_of(holder).queue)
+
+
+async def _heard(heard: list[str]) -> bool:
+    return bool(heard)
