@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PYTEST_ARGS ?=
+# Two workers, one test module each at a time (module-scoped servers stay in one worker).
+PYTEST_ARGS ?= -n 2 --dist loadfile
 # Only the source folders that exist (git keeps no empty folder).
 SOURCES := $(wildcard aiolock tests benchmarks examples)
 

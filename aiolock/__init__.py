@@ -20,6 +20,8 @@ from ._holding import LockStatistics
 from ._lock import AsyncLock
 from ._observe import LockEvent, add_observer, remove_observer
 from ._redlock import Redlock
+from ._rwlock import ReadWriteLock
+from ._semaphore import Semaphore
 from ._version import __version__
 
 __all__ = [
@@ -30,7 +32,9 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "ReadWriteLock",
     "Redlock",
+    "Semaphore",
     "__version__",
     "add_observer",
     "backoff",

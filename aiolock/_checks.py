@@ -8,6 +8,7 @@ out of range.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Final, final
 
 from redis.asyncio import Redis, RedisCluster
@@ -17,11 +18,13 @@ from ._types import Client
 __all__ = [
     "MAX_MS",
     "MAX_SECONDS",
+    "REFUSED_OPTIONS",
     "UNSET",
     "Unset",
     "check_bool",
     "check_callback",
     "check_client",
+    "check_refused",
     "check_seconds",
     "check_timeout",
     "check_ttl",
@@ -154,3 +157,22 @@ def check_client(client: object, name: str = "client") -> Client:
     raise TypeError(
         f"{name} must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, got {kind}{hint}"
     )
+
+
+#: The options of ``AsyncLock`` that the other primitives do not take, and why not.
+REFUSED_OPTIONS: Final = {
+    "reentrant": "each acquisition is a holding of its own, one per acquire()",
+    "fencing": "its holders hold at the same time, so no order of holders exists to fence",
+    "replicas": "replica acknowledgement is only for AsyncLock",
+    "replica_timeout": "replica acknowledgement is only for AsyncLock",
+    "replica_fsync": "replica acknowledgement is only for AsyncLock",
+}
+
+
+def check_refused(primitive: str, refused: Mapping[str, object]) -> None:
+    """Raise a ``TypeError`` naming the first keyword ``primitive`` does not take, and why."""
+    for option in refused:
+        why = REFUSED_OPTIONS.get(option)
+        if why is None:
+            raise TypeError(f"{primitive}() got an unexpected keyword argument {option!r}")
+        raise TypeError(f"{primitive} does not take {option}: {why}")

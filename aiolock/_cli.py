@@ -273,6 +273,17 @@ def _parser(command_after_dashes: bool = False) -> _Parsers:
         action="store_true",
         help="number the acquisition with a fence, passed to COMMAND as $AIOLOCK_FENCE",
     )
+    holding.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=(
+            "take one of N permits of a semaphore named NAME instead of the lock: at most "
+            "N commands run at once under NAME (every run of NAME must give the same N; "
+            "not with --fencing)"
+        ),
+    )
 
     status = commands.add_parser(
         "status",
@@ -281,9 +292,13 @@ def _parser(command_after_dashes: bool = False) -> _Parsers:
         description=(
             "Ask the server whether the lock NAME is held, how much of its lease is left "
             "(PTTL) and its fence counter (the fence of the latest acquisition made with "
-            "fencing, if any). --json prints one object with the fields name, key, held, "
-            "lease (seconds left, or null), fence (or null) and server (the URL without "
-            "its password)."
+            "fencing, if any); for a semaphore's name (run --limit), how many permits are "
+            "held and when each lease ends; for a read-write lock's, its readers or its "
+            "writer. --json prints one object with the fields name, key, kind (lock, "
+            "semaphore, read-write, or null when free), held, lease (seconds left, or "
+            "null), fence (or null) and server (the URL without its password); a "
+            "semaphore's has permits (a list of {lease}) instead of lease and fence, a "
+            "read-write lock's readers (a list of {lease}) and writer ({lease} or null)."
         ),
         epilog=_epilog(_EXIT_STATUS),
         formatter_class=_Formatter,
@@ -348,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = list(args.argv)
         if not command:
             parsers.commands["run"].error("the command to run is missing (give it after --)")
+        if args.limit is not None and args.fencing:
+            parsers.commands["run"].error(
+                "--fencing cannot go with --limit: a semaphore's holders run at the same "
+                "time, so no order of holders exists to fence"
+            )
         from ._run import RunConfig, resolve_url, run_command  # imported here: fast --help
 
         _quiet_logging(args.verbose)
@@ -362,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=0.0 if args.nonblock else args.timeout,
                 grace=args.grace,
                 fencing=args.fencing,
+                limit=args.limit,
             )
         )
     if args.command == "status":

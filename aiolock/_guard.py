@@ -7,7 +7,9 @@
 
 Every call binds its arguments to the function's signature (defaults
 applied), fills the name template with them, and runs the function inside
-``async with AsyncLock(client, name, **options)``.
+``async with AsyncLock(client, name, **options)``; with ``limit=N``, inside
+``async with Semaphore(client, name, N, **options)`` (at most ``N`` calls
+with that name at once).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from ._lock import AsyncLock
+from ._semaphore import Semaphore
 
 __all__ = ["guard"]
 
@@ -58,6 +61,8 @@ def _template_fields(template: str, part: str | None = None) -> list[str]:
 def guard(
     client: _Client | Callable[[], _Client],
     name: str | Callable[..., str],
+    *,
+    limit: int | None = None,
     **options: Any,
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Decorate a coroutine function so that each call runs while holding a lock.
@@ -75,8 +80,12 @@ def guard(
             without arguments that returns one, called at each call (for a
             client that only exists once the application has started).
         name: the name template, or a callable returning the name.
+        limit: run each call under a :class:`Semaphore` of ``limit`` permits
+            instead of a lock: at most ``limit`` calls with the same name run
+            at once, across every process (None: a lock, one at a time).
         **options: :class:`AsyncLock` keyword options (``ttl``, ``timeout``,
-            ``backoff``, ``fencing``, ...), checked when decorating (against
+            ``backoff``, ...; with ``limit``, those :class:`Semaphore` takes),
+            checked when decorating (against
             a plain client when ``client`` is a callable: a refusal that
             depends on the client's kind, such as ``replicas`` on a
             ``RedisCluster``, comes at the call). Not ``reentrant``.
@@ -128,7 +137,10 @@ def guard(
     # (constructing a lock sends nothing; a Redis() that never connected holds nothing).
     probe_client = client if isinstance(client, (Redis, RedisCluster)) else Redis()
     try:
-        AsyncLock(probe_client, "guard-check", **options)
+        if limit is None:
+            AsyncLock(probe_client, "guard-check", **options)
+        else:
+            Semaphore(probe_client, "guard-check", limit, **options)
     except TypeError as exc:
         raise TypeError(f"guard(): {exc}") from None
 
@@ -159,7 +171,12 @@ def guard(
         @functools.wraps(function)
         async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
             lock_client = client if isinstance(client, (Redis, RedisCluster)) else client()
-            async with AsyncLock(lock_client, lock_name(args, kwargs), **options):
+            lock: AsyncLock | Semaphore
+            if limit is None:
+                lock = AsyncLock(lock_client, lock_name(args, kwargs), **options)
+            else:
+                lock = Semaphore(lock_client, lock_name(args, kwargs), limit, **options)
+            async with lock:
                 return await function(*args, **kwargs)
 
         return guarded

@@ -8,11 +8,16 @@ tag, and with it the Redis Cluster hash slot, is the same for all of them:
 name                 key                                 what it holds
 ===================  ==================================  =====================================
 :attr:`Keys.lock`    ``<prefix>{<name>}``                the holder's token, with the lease
-:attr:`Keys.queue`   ``<prefix>{<name>}:queue``          the waiters elsewhere, in order (tokens)
+:attr:`Keys.queue`   ``<prefix>{<name>}:queue``          the waiters elsewhere, in order (tokens);
+                                                        a semaphore's: ``...:queue:semaphore``,
+                                                        a read-write lock's: ``...:queue:rw``
 :meth:`Keys.entry`   ``<prefix>{<name>}:queue:<token>``  one waiter's entry: alive while it exists
 :attr:`Keys.fence`   ``<prefix>{<name>}:fence``          the last fencing number (kept)
 :attr:`Keys.channel` ``<prefix>{<name>}:released``       the release and grant channel
 ===================  ==================================  =====================================
+
+Each kind of primitive has a queue of its own (:data:`QUEUES`): a waiter
+of one kind is never granted the key of another (a lock waiter a permit).
 
 The library, the CLI, the tests and the benchmarks all take names from here.
 """
@@ -21,10 +26,12 @@ from __future__ import annotations
 
 from typing import Final, final
 
-__all__ = ["DEFAULT_PREFIX", "Keys", "keys_for"]
+__all__ = ["DEFAULT_PREFIX", "QUEUES", "Keys", "keys_for"]
 
 #: The prefix of every key unless a lock is given another.
 DEFAULT_PREFIX: Final = "aiolock:"
+#: The suffix of each kind's queue after ``:queue`` (the lock's has none).
+QUEUES: Final = {"lock": "", "semaphore": ":semaphore", "rw": ":rw"}
 #: How many names :func:`keys_for` remembers (then it starts afresh).
 _REMEMBERED: Final = 4096
 
@@ -42,11 +49,13 @@ class Keys:
 
     __slots__ = ("channel", "fence", "lock", "queue")
 
-    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True) -> None:
+    def __init__(
+        self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True, kind: str = "lock"
+    ) -> None:
         """Name the keys of lock ``name``; ``tagged=False`` skips the hash-tag rule.
 
         The rule matters on a cluster only: Redlock's nodes are independent
-        servers, and accept any name.
+        servers, and accept any name. ``kind`` picks the queue (see :data:`QUEUES`).
         """
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
@@ -63,8 +72,9 @@ class Keys:
             )
         #: The lock key: ``<prefix>{<name>}``.
         self.lock: Final = lock
-        #: The queue of waiters between processes: ``<lock>:queue``, a list of tokens.
-        self.queue: Final = f"{lock}:queue"
+        #: The queue of waiters between processes: ``<lock>:queue`` (and the kind's
+        #: suffix), a list of tokens.
+        self.queue: Final = f"{lock}:queue{QUEUES[kind]}"
         #: The fencing counter: ``<lock>:fence``.
         self.fence: Final = f"{lock}:fence"
         #: The release channel: ``<lock>:released``.
@@ -81,22 +91,22 @@ class Keys:
         return f"Keys({self.lock!r})"
 
 
-_known: dict[tuple[str, str], Keys] = {}
+_known: dict[tuple[str, str, str], Keys] = {}
 
 
-def keys_for(name: str, prefix: str = DEFAULT_PREFIX) -> Keys:
-    """``Keys(name, prefix)``, remembered: a handler that makes a lock per request names few.
+def keys_for(name: str, prefix: str = DEFAULT_PREFIX, kind: str = "lock") -> Keys:
+    """``Keys(name, prefix, kind=kind)``, remembered: handlers making a lock per request name few.
 
     Raises:
         TypeError: ``name`` or ``prefix`` is not a str.
         ValueError: as :class:`Keys`.
     """
     if name.__class__ is str and prefix.__class__ is str:
-        known = _known.get((name, prefix))
+        known = _known.get((name, prefix, kind))
         if known is not None:
             return known
-    keys = Keys(name, prefix)  # checks them
+    keys = Keys(name, prefix, kind=kind)  # checks them
     if len(_known) >= _REMEMBERED:
         _known.clear()
-    _known[name, prefix] = keys
+    _known[name, prefix, kind] = keys
     return keys

@@ -368,9 +368,13 @@ def server_lease(
     return lease
 
 
-@final
 class ServerLease:
     """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`).
+
+    A primitive whose key is not a plain lock subclasses it with scripts of
+    its own (:attr:`_ACQUIRE` and the others take the same keys and
+    arguments; :attr:`_release_args` may carry more, which the lock's
+    scripts ignore).
 
     It queues: a waiter that failed waits in the lock's queue on the server,
     and a release hands the lock to the first live waiter (DESIGN.md §3.4).
@@ -409,6 +413,12 @@ class ServerLease:
         "ttl",
         "wire",
     )
+
+    #: The scripts of an attempt, a release, a leave (or undo) and an extension.
+    _ACQUIRE = ACQUIRE
+    _RELEASE = RELEASE
+    _LEAVE = LEAVE
+    _EXTEND = EXTEND
 
     def __init__(
         self,
@@ -451,7 +461,7 @@ class ServerLease:
         self._contended_until = 0.0
         self.gone = "the key was gone or held by another holder"
         self._acquire_keys = (keys.lock, keys.queue, keys.fence)
-        self._release_args = (keys.channel, "1" if self.wire.cluster else "0")
+        self._release_args: tuple[str, ...] = (keys.channel, "1" if self.wire.cluster else "0")
         self._site = site
         self._queues = site.queues
         self._listeners = site.listeners if notify else None
@@ -606,7 +616,7 @@ class ServerLease:
         )
         if self._replicas:
             return await self._replicated(args)
-        reply = await self.wire.run(ACQUIRE, self._acquire_keys, args)
+        reply = await self.wire.run(self._ACQUIRE, self._acquire_keys, args)
         return (int(reply[0]), int(reply[1]))
 
     async def _replicated(self, args: tuple[Any, ...]) -> Reply:
@@ -680,7 +690,9 @@ class ServerLease:
             return
         try:
             await run_shielded(
-                lambda: self.wire.run(LEAVE, self._acquire_keys, (token, *self._release_args)),
+                lambda: self.wire.run(
+                    self._LEAVE, self._acquire_keys, (token, *self._release_args)
+                ),
                 bound,
             )
         except Exception as exc:
@@ -716,7 +728,7 @@ class ServerLease:
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
                 reply = await self.wire.run(
-                    RELEASE, self._acquire_keys, (token, *self._release_args)
+                    self._RELEASE, self._acquire_keys, (token, *self._release_args)
                 )
         except asyncio.CancelledError:
             await self.undo(token)
@@ -734,7 +746,7 @@ class ServerLease:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
         sent = time.monotonic()
         extended = bool(
-            await self.wire.run(EXTEND, (self.key, self.keys.queue), (token, to_ms(ttl)))
+            await self.wire.run(self._EXTEND, (self.key, self.keys.queue), (token, to_ms(ttl)))
         )
         self.wire.observe(time.monotonic() - sent)
         return extended

@@ -83,9 +83,10 @@ import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from ._exceptions import LockLostError, LockNotOwnedError
+from ._exceptions import LockError, LockLostError, LockNotOwnedError
 from ._keys import Keys
 from ._lock import AsyncLock
+from ._semaphore import Semaphore
 from ._types import Client
 
 __all__ = [
@@ -374,6 +375,8 @@ class RunConfig:
             ``0`` tries once.
         grace: after a loss, seconds between SIGTERM and SIGKILL.
         fencing: number the acquisition; the command gets ``AIOLOCK_FENCE``.
+        limit: take one of ``limit`` permits of a :class:`~aiolock.Semaphore`
+            named ``name`` instead of the lock (None: the lock).
     """
 
     name: str
@@ -385,6 +388,20 @@ class RunConfig:
     timeout: float | None = None
     grace: float = 10.0
     fencing: bool = False
+    limit: int | None = None
+
+    @property
+    def what(self) -> str:
+        """The lock or semaphore, in words: ``lock 'x'``, ``semaphore 'x' (2 permits)``."""
+        if self.limit is None:
+            return f"lock {self.name!r}"
+        permits = "1 permit" if self.limit == 1 else f"{self.limit} permits"
+        return f"semaphore {self.name!r} ({permits})"
+
+    @property
+    def taken(self) -> str:
+        """What a failed wait found, in words."""
+        return "is held by someone else" if self.limit is None else "has every permit taken"
 
 
 def run_command(config: RunConfig, err: TextIO | None = None) -> int:
@@ -468,15 +485,27 @@ class _Job:
         """Acquire the lock, run the command under it, release it; the exit status."""
         config = self.config
         try:
-            lock = AsyncLock(
-                client,
-                config.name,
-                ttl=config.ttl,
-                timeout=config.timeout,
-                prefix=config.prefix,
-                fencing=config.fencing,
-                on_lost=self.on_lost,
-            )
+            lock: AsyncLock | Semaphore
+            if config.limit is None:
+                lock = AsyncLock(
+                    client,
+                    config.name,
+                    ttl=config.ttl,
+                    timeout=config.timeout,
+                    prefix=config.prefix,
+                    fencing=config.fencing,
+                    on_lost=self.on_lost,
+                )
+            else:
+                lock = Semaphore(
+                    client,
+                    config.name,
+                    config.limit,
+                    ttl=config.ttl,
+                    timeout=config.timeout,
+                    prefix=config.prefix,
+                    on_lost=self.on_lost,
+                )
         except (TypeError, ValueError) as exc:
             self.say(f"aiolock: {exc}")
             return EX_USAGE
@@ -488,17 +517,17 @@ class _Job:
                 except _SERVER_ERRORS as exc:
                     self.say(unavailable_message(exc, config.url))
                     return EX_UNAVAILABLE
+                except LockError as exc:  # the name is another kind's (a lock, a semaphore)
+                    self.say(f"aiolock: {exc}; did not run the command")
+                    return EX_USAGE
         finally:
             self.wait_scope = None
         if not acquired and not self.signals:
             if config.timeout == 0:
-                self.say(f"aiolock: lock {config.name!r} is held by someone else; did not wait")
+                self.say(f"aiolock: {config.what} {config.taken}; did not wait")
             else:
                 waited = _seconds(config.timeout or 0.0)
-                self.say(
-                    f"aiolock: lock {config.name!r} is held by someone else; "
-                    f"gave up after {waited} s"
-                )
+                self.say(f"aiolock: {config.what} {config.taken}; gave up after {waited} s")
             return EX_TEMPFAIL
         try:
             status = await self.supervise(lock)
@@ -510,19 +539,17 @@ class _Job:
             status = await self.release(lock, status)
         return status
 
-    async def supervise(self, lock: AsyncLock) -> int:
+    async def supervise(self, lock: AsyncLock | Semaphore) -> int:
         """Start the command under the held lock and wait for it; its status, or ours."""
         config = self.config
         if self.signals:
             self.say(
-                f"aiolock: got {_signal_name(self.signals[0])} while waiting for lock "
-                f"{config.name!r}; did not run the command"
+                f"aiolock: got {_signal_name(self.signals[0])} while waiting for "
+                f"{config.what}; did not run the command"
             )
             return EX_SIGNAL_BASE + self.signals[0]
         if self.lost:
-            self.say(
-                f"aiolock: lost lock {config.name!r} before the command started; did not run it"
-            )
+            self.say(f"aiolock: lost {config.what} before the command started; did not run it")
             return EX_LOST
         env = dict(os.environ)
         env["AIOLOCK_LOCK_NAME"] = config.name
@@ -554,13 +581,13 @@ class _Job:
             else:
                 how = "(it was exiting already)"
             self.say(
-                f"aiolock: lost lock {config.name!r} while the command ran; terminated the "
+                f"aiolock: lost {config.what} while the command ran; terminated the "
                 f"command {how}; its exit status was {_status_of(returncode)}"
             )
             return EX_LOST
         return _status_of(returncode)
 
-    async def release(self, lock: AsyncLock, status: int) -> int:
+    async def release(self, lock: AsyncLock | Semaphore, status: int) -> int:
         """Release the lock; return the run's final status.
 
         A status of aiolock's own (its line is printed already) stands: whatever
@@ -580,20 +607,20 @@ class _Job:
             await lock.release()
         except LockLostError:
             self.say(
-                f"aiolock: lock {config.name!r} was found lost when it was released "
+                f"aiolock: {config.what} was found lost when it was released "
                 f"(another holder may have run meanwhile); the command's exit status was {status}"
             )
             return EX_LOST
         except _SERVER_ERRORS as exc:
             self.say(
-                f"{unavailable_message(exc, config.url)} (releasing lock {config.name!r}, "
+                f"{unavailable_message(exc, config.url)} (releasing {config.what}, "
                 f"which expires within {_seconds(config.ttl)} s; "
                 f"the command's exit status was {status})"
             )
             return EX_UNAVAILABLE
         return status
 
-    async def release_after(self, lock: AsyncLock, error: BaseException) -> None:
+    async def release_after(self, lock: AsyncLock | Semaphore, error: BaseException) -> None:
         """Release the lock while ``error`` propagates; a failed release is noted on it.
 
         ``error`` is not an outcome (those are statuses) but a bug or an
@@ -610,7 +637,7 @@ class _Job:
             error.add_note(f"aiolock: {exc}")
         except _SERVER_ERRORS as exc:
             error.add_note(
-                f"{unavailable_message(exc, config.url)} (releasing lock {config.name!r}, "
+                f"{unavailable_message(exc, config.url)} (releasing {config.what}, "
                 f"which expires within {_seconds(config.ttl)} s)"
             )
 
@@ -641,7 +668,7 @@ class _Job:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    def on_lost(self, lock: AsyncLock) -> None:
+    def on_lost(self, lock: AsyncLock | Semaphore) -> None:
         """The lock's watchdog found the lock lost: terminate the command."""
         self.lost = True
         if self.proc is not None:
@@ -698,9 +725,13 @@ def show_status(config: StatusConfig, out: TextIO | None = None, err: TextIO | N
     key without expiry) and the fence counter (the fence of the latest
     acquisition with ``fencing=True``, if there ever was one).
 
-    JSON fields: ``name``, ``key``, ``held`` (bool), ``lease`` (seconds left,
-    a float, or null), ``fence`` (an int or null), ``server`` (the URL
-    without its password).
+    JSON fields: ``name``, ``key``, ``kind`` (``"lock"``, ``"semaphore"``,
+    ``"read-write"``, or null for a free name), ``held`` (bool), ``lease``
+    (seconds left, a float, or null), ``fence`` (an int or null), ``server``
+    (the URL without its password). A semaphore's name gives ``permits`` (a
+    list of ``{"lease": seconds left}``, first ending first) instead of
+    ``lease`` and ``fence``; a read-write lock's gives ``readers`` (the same
+    list) and ``writer`` (``{"lease": ...}`` or null).
 
     Args:
         config: which lock, on which server, printed how.
@@ -731,12 +762,17 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
             print(f"aiolock: {exc}", file=err)
             return EX_USAGE
         try:
-            pttl, raw_fence = await _ask(client, keys)
+            pttl, raw_fence, permits = await _ask(client, keys)
         except _SERVER_ERRORS as exc:
             print(unavailable_message(exc, config.url), file=err)
             return EX_UNAVAILABLE
     finally:
         await _close(client)
+    if permits is not None:
+        kind, holders = permits
+        if kind == "semaphore":
+            return _show_permits(config, keys, [lease for _, lease in holders], out)
+        return _show_readers_and_writer(config, keys, holders, out)
     held = pttl != -2
     lease = pttl / 1000 if pttl >= 0 else None
     fence = _fence(raw_fence)
@@ -744,6 +780,7 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
         state: dict[str, Any] = {
             "name": config.name,
             "key": keys.lock,
+            "kind": "lock" if held else None,
             "held": held,
             "lease": lease,
             "fence": fence,
@@ -755,14 +792,121 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
     return EX_OK if held else EX_FREE
 
 
-async def _ask(client: Client, keys: Keys) -> tuple[int, bytes | None]:
-    """``PTTL`` of the lock key and ``GET`` of its fence counter, in one round trip."""
-    # Both keys share the lock's hash slot, so a cluster pipeline sends them together.
+def _show_readers_and_writer(
+    config: StatusConfig, keys: Keys, holders: list[tuple[str, float]], out: TextIO
+) -> int:
+    """A read-write lock's state: its readers, or its writer, and when each lease ends."""
+    readers = [lease for kind, lease in holders if kind == "r"]
+    writer = next((lease for kind, lease in holders if kind == "w"), None)
+    if config.json:
+        state: dict[str, Any] = {
+            "name": config.name,
+            "key": keys.lock,
+            "kind": "read-write",
+            "held": bool(holders),
+            "readers": [{"lease": lease} for lease in readers],
+            "writer": None if writer is None else {"lease": writer},
+            "server": redact_url(config.url),
+        }
+        print(json.dumps(state), file=out)
+    elif writer is not None:
+        print(
+            f"read-write lock {config.name!r} is held by a writer (key {keys.lock}); "
+            f"its lease ends in {writer:.3f} s",
+            file=out,
+        )
+    elif readers:
+        ends = ", ".join(f"{lease:.3f} s" for lease in readers)
+        count = "1 reader" if len(readers) == 1 else f"{len(readers)} readers"
+        theirs = "its lease ends" if len(readers) == 1 else "their leases end"
+        print(
+            f"read-write lock {config.name!r} is held by {count} (key {keys.lock}); "
+            f"{theirs} in {ends}",
+            file=out,
+        )
+    else:
+        print(f"read-write lock {config.name!r} is free (key {keys.lock})", file=out)
+    return EX_OK if holders else EX_FREE
+
+
+def _show_permits(config: StatusConfig, keys: Keys, leases: list[float], out: TextIO) -> int:
+    """A semaphore's state: how many permits are held, and when each lease ends."""
+    if config.json:
+        state: dict[str, Any] = {
+            "name": config.name,
+            "key": keys.lock,
+            "kind": "semaphore",
+            "held": bool(leases),
+            "permits": [{"lease": lease} for lease in leases],
+            "server": redact_url(config.url),
+        }
+        print(json.dumps(state), file=out)
+    elif not leases:
+        print(f"semaphore {config.name!r} has no permit held (key {keys.lock})", file=out)
+    else:
+        ends = ", ".join(f"{lease:.3f} s" for lease in leases)
+        count = "1 permit" if len(leases) == 1 else f"{len(leases)} permits"
+        theirs = "its lease ends" if len(leases) == 1 else "their leases end"
+        print(
+            f"semaphore {config.name!r} has {count} held (key {keys.lock}); {theirs} in {ends}",
+            file=out,
+        )
+    return EX_OK if leases else EX_FREE
+
+
+async def _ask(
+    client: Client, keys: Keys
+) -> tuple[int, bytes | None, tuple[str, list[tuple[str, float]]] | None]:
+    """The lock key's ``PTTL`` and fence counter, in one round trip; other kinds' holders.
+
+    A key that is a sorted set is a semaphore's, a hash a read-write
+    lock's: the third item is then ``("semaphore", holders)`` or
+    ``("read-write", holders)``, each holder ``(kind, seconds its lease has
+    left)`` (kind ``"p"`` for a permit, ``"r"``/``"w"`` for a reader or the
+    writer), first ending first (else None).
+    """
+    # Every key shares the lock's hash slot, so a cluster pipeline sends them together.
     pipe = client.pipeline()
     pipe.pttl(keys.lock)
     pipe.get(keys.fence)
-    pttl, fence = await pipe.execute()
-    return int(pttl), fence
+    pipe.type(keys.lock)
+    pttl, fence, kind = await pipe.execute()
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if kind not in ("zset", "hash"):
+        return int(pttl), fence, None
+    # The holders and the server's clock, in one script (a cluster client sends no
+    # keyless TIME in a pipeline).
+    now, ends = await client.eval(_HOLDERS_SCRIPT, 1, keys.lock)
+    now_ms = int(now)
+    holders: list[tuple[str, float]] = []
+    for end in ends:
+        text = end.decode() if isinstance(end, bytes) else str(end)
+        with contextlib.suppress(ValueError):
+            at = int(text[1:])
+            if at > now_ms:
+                holders.append((text[:1], (at - now_ms) / 1000))
+    holders.sort(key=lambda holder: holder[1])
+    return int(pttl), fence, ("semaphore" if kind == "zset" else "read-write", holders)
+
+
+#: The holders of a semaphore's or a read-write lock's key, and the server's clock in
+#: ms: each holder as its kind ('p' a permit, 'r' a reader, 'w' the writer) and its end.
+_HOLDERS_SCRIPT: Final = """
+local t = redis.call('TIME')
+local ends = {}
+if redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
+    local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 2, #members, 2 do
+        ends[#ends + 1] = 'p' .. members[i]
+    end
+else
+    local fields = redis.call('HGETALL', KEYS[1])
+    for i = 2, #fields, 2 do
+        ends[#ends + 1] = fields[i]
+    end
+end
+return {tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), ends}
+"""
 
 
 def _fence(raw: bytes | None) -> int | None:

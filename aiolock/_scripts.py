@@ -13,8 +13,9 @@ The queue between processes (DESIGN.md §3.4) is a list of tokens,
 ``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
 token``, whose value is the lease a grant gives it, the number of the
 attempt that wrote it and the tag of its process's grant channel
-(``'<ms> <n> <tag>'``, or ``'<ms>f <n> <tag>'`` when it wants a fence; a
-waiter without notifications leaves the tag out). An entry lives while its waiter
+(``'<ms> <n> <tag>'``, or ``'<ms>f <n> <tag>'`` when it wants a fence, and
+``'<ms>r ...'``, ``'<ms>w ...'`` for a reader's and a writer's; a waiter
+without notifications leaves the tag out). An entry lives while its waiter
 refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
 dead waiter's, and is dropped when met. Entry keys are the only keys a
 script names without ``KEYS``: a releaser cannot know the next waiter's
@@ -41,7 +42,26 @@ from __future__ import annotations
 import hashlib
 from typing import final
 
-__all__ = ["ACQUIRE", "EXTEND", "HANDOVER", "LEAVE", "QUEUE_SLACK_MS", "RELEASE", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "EXTEND",
+    "HANDOVER",
+    "LEAVE",
+    "QUEUE_SLACK_MS",
+    "RELEASE",
+    "RW_ACQUIRE",
+    "RW_EXTEND",
+    "RW_LEAVE",
+    "RW_RELEASE",
+    "RW_STATE",
+    "SEMAPHORE_ACQUIRE",
+    "SEMAPHORE_EXTEND",
+    "SEMAPHORE_HANDOVER",
+    "SEMAPHORE_LEAVE",
+    "SEMAPHORE_RELEASE",
+    "SEMAPHORE_STATE",
+    "Script",
+]
 
 
 @final
@@ -85,11 +105,8 @@ local function next_fence(key)
 end
 """
 
-# Best-effort announcements, and the grant rule every script that frees the lock
-# follows. KEYS[1] the lock, KEYS[2] the queue, KEYS[3] the fencing counter.
-_GRANT = (
-    _NEXT_FENCE
-    + """
+# Best-effort announcements, and how a grant is made known. KEYS[2] is the queue.
+_TELL = """
 local function announce(channel, sharded, payload)
     local heard
     if sharded == '1' then
@@ -103,15 +120,48 @@ local function announce(channel, sharded, payload)
     return 0
 end
 
+-- Read an entry's value: the first lease a grant gives its waiter (ms), its letter ('f':
+-- a lock waiter that wants a fence; 'r', 'w': a reader's, a writer's; '' else), the
+-- number of the attempt that wrote it and the tag of its grant channel; nil if unreadable.
+local function parse_entry(wants)
+    return string.match(wants, '^(%d+)(%a?) (%d+) ?(%w*)$')
+end
+
+-- Take the entry of the queued waiter `heir` (GETDEL), read as parse_entry reads it;
+-- nil if it is gone (a dead waiter) or unreadable.
+local function take_entry(heir)
+    local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
+    if not wants then
+        return nil
+    end
+    return parse_entry(wants)
+end
+
+-- Tell `heir` of its grant: on its process's grant channel, or, if nobody listens
+-- there (or its entry names none), on the lock's channel, where every waiter hears it.
+local function tell(channel, sharded, heir, ms, fence, written, tag)
+    local message = 'g ' .. heir .. ' ' .. ms .. ' ' .. string.format('%d', fence)
+    message = message .. ' ' .. written
+    if tag == '' or announce(channel .. ':' .. tag, sharded, message) == 0 then
+        announce(channel, sharded, message)
+    end
+end
+"""
+
+# The grant rule every lock script that frees the lock follows. KEYS[1] the lock,
+# KEYS[2] the queue, KEYS[3] the fencing counter.
+_GRANT = (
+    _NEXT_FENCE
+    + _TELL
+    + """
 local function grant_next(channel, sharded)
     while true do
         local heir = redis.call('LPOP', KEYS[2])
         if not heir then
             return false
         end
-        local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
-        if wants then
-            local ms, fenced, written, tag = string.match(wants, '^(%d+)(f?) (%d+) ?(%w*)$')
+        local ms, fenced, written, tag = take_entry(heir)
+        if ms then
             redis.call('SET', KEYS[1], heir, 'PX', ms)
             redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
@@ -120,13 +170,39 @@ local function grant_next(channel, sharded)
             if fenced == 'f' then
                 fence = next_fence(KEYS[3])
             end
-            local message = 'g ' .. heir .. ' ' .. ms .. ' ' .. string.format('%d', fence)
-            message = message .. ' ' .. written
-            if tag == '' or announce(channel .. ':' .. tag, sharded, message) == 0 then
-                announce(channel, sharded, message)
-            end
+            tell(channel, sharded, heir, ms, fence, written, tag)
             return tonumber(ms)
         end
+    end
+end
+"""
+)
+
+# Put the caller in the queue (an attempt that failed), once: ACQUIRE's ARGV[1], [3],
+# [4] and [5] (see ACQUIRE), `mine` its entry, `pttl` how long the holders' leases run
+# (a queue it makes lives that long plus its slack; nil: the key's PTTL).
+_QUEUE_UP = (
+    """
+local function queue_up(mine, pttl)
+    if ARGV[3] == '' then
+        return
+    end
+    local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
+    local length = 0
+    if not had or (ARGV[5] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1])) then
+        length = redis.call('RPUSH', KEYS[2], ARGV[1])
+    end
+    if length == 1 or ARGV[5] == '1' then
+        local life = pttl
+        if life == nil then
+            life = redis.call('PTTL', KEYS[1])
+        end
+        if life < 0 then
+            life = 0
+        end
+        redis.call('PEXPIRE', KEYS[2], life + """
+    + str(QUEUE_SLACK_MS)
+    + """)
     end
 end
 """
@@ -158,6 +234,7 @@ end
 # renewal each extend it).
 ACQUIRE = Script(
     _GRANT
+    + _QUEUE_UP
     + """
 local mine = KEYS[2] .. ':' .. ARGV[1]
 local function taken()
@@ -191,22 +268,7 @@ if pttl == -2 then
     end
     pttl = grant_next(ARGV[7], ARGV[8])
 end
-if ARGV[3] ~= '' then
-    local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
-    local length = 0
-    if not had or (ARGV[5] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1])) then
-        length = redis.call('RPUSH', KEYS[2], ARGV[1])
-    end
-    if length == 1 or ARGV[5] == '1' then
-        local life = pttl
-        if life < 0 then
-            life = 0
-        end
-        redis.call('PEXPIRE', KEYS[2], life + """
-    + str(QUEUE_SLACK_MS)
-    + """)
-    end
-end
+queue_up(mine, pttl)
 return {0, pttl}
 """
 )
@@ -320,5 +382,533 @@ if ARGV[7] == '1' then
     return {1, next_fence(KEYS[3])}
 end
 return {1, 0}
+"""
+)
+
+
+# The server's clock in milliseconds (the leases of a semaphore's permits and of a
+# read-write lock's holders are kept as their ends by this clock).
+_NOW = """
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+
+# --- the semaphore's scripts --------------------------------------------------------
+#
+# A semaphore's key (KEYS[1]) is a sorted set of its holders: each permit's token, scored
+# with when its lease ends, in the server's milliseconds (TIME). A permit whose lease has
+# ended is dropped when met; the set expires with its last lease, and vanishes when its
+# last member is removed. The queue (KEYS[2]) and the entries are the lock's; a grant
+# adds the heir's token to the set. KEYS[3] (the fencing counter) is never touched: a
+# semaphore has no fence, but the scripts take the lock's keys.
+_HOLDERS = (
+    _NOW
+    + _TELL
+    + """
+
+-- The set lives as long as its longest lease (call it after adding or removing one).
+local function keep()
+    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+    if last[2] then
+        redis.call('PEXPIREAT', KEYS[1], last[2])
+    end
+end
+
+-- Give `heir` a permit: its entry's first lease, from now.
+local function give(heir, now, ms)
+    redis.call('ZADD', KEYS[1], now + tonumber(ms), heir)
+    keep()
+    redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+end
+
+-- The grant rule: while a permit is free, grant it to the first live waiter.
+-- Returns how many it granted.
+local function grant_free(limit, now, channel, sharded)
+    local granted = 0
+    while redis.call('ZCARD', KEYS[1]) < limit do
+        local heir = redis.call('LPOP', KEYS[2])
+        if not heir then
+            break
+        end
+        local ms, fenced, written, tag = take_entry(heir)
+        if ms then
+            give(heir, now, ms)
+            tell(channel, sharded, heir, ms, 0, written, tag)
+            granted = granted + 1
+        end
+    end
+    return granted
+end
+"""
+)
+
+# SEMAPHORE_ACQUIRE: ACQUIRE's keys and arguments (ARGV[6], fencing, is '0'), and
+#   ARGV[9]  the limit
+# A permit is free while fewer than `limit` unexpired tokens hold one. The caller takes
+# one if it is free and no live waiter is queued before it (those before it are granted
+# the free permits first). Returns {1, 0} when the caller holds a permit now (it was
+# granted one: its lease starts again), else {0, ms}: when the first permit's lease
+# ends; the caller is then queued as by ACQUIRE.
+SEMAPHORE_ACQUIRE = Script(
+    _HOLDERS
+    + _QUEUE_UP
+    + """
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local mine = KEYS[2] .. ':' .. ARGV[1]
+local limit = tonumber(ARGV[9])
+if ARGV[5] == '1' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+    keep()
+    redis.call('DEL', mine)
+    return {1, 0}
+end
+while redis.call('ZCARD', KEYS[1]) < limit do
+    local head = redis.call('LINDEX', KEYS[2], 0)
+    if not head or head == ARGV[1] then
+        redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+        keep()
+        if head then
+            redis.call('LPOP', KEYS[2])
+            redis.call('DEL', mine)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+        end
+        return {1, 0}
+    end
+    redis.call('LPOP', KEYS[2])
+    local ms, fenced, written, tag = take_entry(head)
+    if ms then
+        give(head, now, ms)
+        tell(ARGV[7], ARGV[8], head, ms, 0, written, tag)
+    end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- (A queue it makes lives as long as the longest lease, the set's own.)
+queue_up(mine, nil)
+return {0, tonumber(first[2]) - now}
+"""
+)
+
+# SEMAPHORE_RELEASE: RELEASE's keys and arguments, and
+#   ARGV[4]  the limit
+# Gives the permit of the token back if it still held one (its lease not over), and
+# grants the free permits to the first live waiters. Returns 2 if it granted one, 1 if
+# it released with nobody queued (an empty message then wakes the pollers), 0 if the
+# token held no permit (nothing of anyone else's is touched).
+SEMAPHORE_RELEASE = Script(
+    _HOLDERS
+    + """
+local now = now_ms()
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local ours = ends and tonumber(ends) > now
+if ours then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+end
+-- (A permit whose lease ended is free too: the purge gives it on.)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local granted = grant_free(tonumber(ARGV[4]), now, ARGV[2], ARGV[3])
+if ours and granted == 0 then
+    keep()  -- the longest lease may have been ours
+end
+if granted > 0 then
+    if ours then
+        return 2
+    end
+elseif ours then
+    announce(ARGV[2], ARGV[3], '')
+end
+if ours then
+    return 1
+end
+return 0
+"""
+)
+
+# SEMAPHORE_LEAVE: LEAVE's keys and arguments, and
+#   ARGV[4]  the limit
+# Takes the waiter out of the queue; gives back a permit its token held (a grant, or an
+# attempt, that raced the giving up), granting it on. Returns 1 if it held one, else 0.
+SEMAPHORE_LEAVE = Script(
+    _HOLDERS
+    + """
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+    local now = now_ms()
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    if grant_free(tonumber(ARGV[4]), now, ARGV[2], ARGV[3]) == 0 then
+        keep()  -- the longest lease may have been ours
+        announce(ARGV[2], ARGV[3], '')
+    end
+    return 1
+end
+return 0
+"""
+)
+
+# SEMAPHORE_EXTEND: EXTEND's keys and arguments. Resets the permit's lease if the token
+# still holds one (its lease not over); keeps the queue that long plus its slack.
+# Returns 1 if it did, else 0.
+SEMAPHORE_EXTEND = Script(
+    _NOW
+    + """
+local now = now_ms()
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not ends or tonumber(ends) <= now then
+    return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], last[2])
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+return 1
+"""
+)
+
+# SEMAPHORE_HANDOVER (a semaphore of one permit: a release straight to the next
+# waiting task of the same process; only a semaphore of one permit hands over)
+#   KEYS     as SEMAPHORE_ACQUIRE
+#   ARGV[1]  the releasing holder's token
+#   ARGV[2]  the next holder's token
+#   ARGV[3]  the next holder's lease in milliseconds
+#   ARGV[4]  the channel
+#   ARGV[5]  '1' on a cluster (sharded pub/sub)
+#   ARGV[6]  the limit
+#   ARGV[7]  '1' if the permit should go to the queue's first live waiter, if there is one
+# Returns {0, 0} if the token held no permit (nothing is touched); {2, 0} if the permit
+# went to the queue's first live waiter instead (ARGV[7]); otherwise {1, 0}: the next
+# holder's token holds the permit now, with its lease.
+SEMAPHORE_HANDOVER = Script(
+    _HOLDERS
+    + """
+local now = now_ms()
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not ends or tonumber(ends) <= now then
+    return {0, 0}
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[7] == '1' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    if grant_free(tonumber(ARGV[6]), now, ARGV[4], ARGV[5]) > 0 then
+        return {2, 0}
+    end
+end
+local ends = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], ends, ARGV[2])
+-- With one permit the heir is the only holder: its lease is the set's.
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', ends))
+return {1, 0}
+"""
+)
+
+# SEMAPHORE_STATE (read only)
+#   KEYS[1]  the holders
+#   ARGV[1]  the limit
+#   ARGV[2]  a token, or ''
+# Returns {permits held (unexpired), ms until the first of them ends (-2: a permit is
+# free, so there is nothing to wait for), 1 if the token holds a permit else 0}.
+SEMAPHORE_STATE = Script(
+    _NOW
+    + """
+local now = now_ms()
+local held = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local left = -2
+if held >= tonumber(ARGV[1]) then
+    local first = redis.call(
+        'ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1
+    )
+    left = tonumber(first[2]) - now
+end
+local mine = 0
+if ARGV[2] ~= '' then
+    local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
+    if ends and tonumber(ends) > now then
+        mine = 1
+    end
+end
+return {held, left, mine}
+"""
+)
+
+
+# --- the read-write lock's scripts --------------------------------------------------
+#
+# A read-write lock's key (KEYS[1]) is a hash of its holders: each holder's token ->
+# its kind and when its lease ends, in the server's milliseconds ('r<ms>' for a reader,
+# 'w<ms>' for the writer). A holding whose lease has ended is dropped when met; the hash
+# expires with its last lease, and vanishes with its last field. Readers share; the
+# writer excludes everyone. Readers and writers wait in one queue (KEYS[2]) in arrival
+# order, so a reader that comes after a waiting writer waits behind it. A grant goes to
+# the first live waiter if its kind is admitted now, and on to the next while they are
+# readers and admitted.
+_RW = (
+    _NOW
+    + _TELL
+    + """
+
+-- The holders now (dropping those whose lease ended): {readers, writer's token or false,
+-- the first lease's end, the last lease's end} (ends 0 without holders).
+local function scan(now)
+    local fields = redis.call('HGETALL', KEYS[1])
+    local readers, writer, first, last = 0, false, 0, 0
+    for i = 1, #fields, 2 do
+        local kind = string.sub(fields[i + 1], 1, 1)
+        local ends = tonumber(string.sub(fields[i + 1], 2))
+        if not ends or ends <= now then
+            redis.call('HDEL', KEYS[1], fields[i])
+        else
+            if kind == 'w' then
+                writer = fields[i]
+            else
+                readers = readers + 1
+            end
+            if first == 0 or ends < first then
+                first = ends
+            end
+            if ends > last then
+                last = ends
+            end
+        end
+    end
+    return {readers, writer, first, last}
+end
+
+local function admits(state, kind)
+    if kind == 'w' then
+        return state[1] == 0 and not state[2]
+    end
+    return not state[2]
+end
+
+-- Add a holder of `kind` with a lease of `ms` from now; the hash lives as long as its
+-- longest lease.
+local function hold(state, token, kind, now, ms)
+    local ends = now + tonumber(ms)
+    redis.call('HSET', KEYS[1], token, kind .. string.format('%d', ends))
+    if kind == 'w' then
+        state[2] = token
+    else
+        state[1] = state[1] + 1
+    end
+    if state[3] == 0 or ends < state[3] then
+        state[3] = ends
+    end
+    if ends > state[4] then
+        state[4] = ends
+    end
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+end
+
+-- The grant rule: grant to the first live waiters while their kind is admitted (a
+-- writer ends the run). `me` (or false) is the caller, which is not granted here.
+-- Returns how many it granted, and whether someone is left waiting at the head (`me`,
+-- or a waiter not admitted yet).
+local function grant_ready(state, now, channel, sharded, me)
+    local granted = 0
+    while true do
+        local head = redis.call('LINDEX', KEYS[2], 0)
+        if not head then
+            return granted, false
+        end
+        if head == me then
+            return granted, true
+        end
+        if granted > 0 and not admits(state, 'r') then
+            return granted, true  -- a writer was granted: the rest wait
+        end
+        local entry = KEYS[2] .. ':' .. head
+        local wants = redis.call('GET', entry)
+        local ms, kind, written, tag
+        if wants then
+            ms, kind, written, tag = parse_entry(wants)
+        end
+        if not ms then
+            redis.call('LPOP', KEYS[2])  -- a dead (or unreadable) waiter's
+        elseif admits(state, kind) then
+            redis.call('LPOP', KEYS[2])
+            redis.call('DEL', entry)
+            hold(state, head, kind, now, ms)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+            tell(channel, sharded, head, ms, 0, written, tag)
+            granted = granted + 1
+        else
+            return granted, true
+        end
+    end
+end
+"""
+)
+
+# RW_ACQUIRE: ACQUIRE's keys and arguments (ARGV[6], fencing, is '0'), and
+#   ARGV[9]  the caller's kind: 'r' (a reader) or 'w' (a writer)
+# The caller takes the lock if its kind is admitted now and no live waiter is queued
+# before it (those before it are granted first, while admitted). Returns {1, 0} when it
+# holds now (it was granted: its lease starts again), else {0, ms}: when the first
+# holder's lease ends; the caller is then queued as by ACQUIRE.
+RW_ACQUIRE = Script(
+    _RW
+    + _QUEUE_UP
+    + """
+local now = now_ms()
+local state = scan(now)
+local mine = KEYS[2] .. ':' .. ARGV[1]
+local kind = ARGV[9]
+if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    if kind == 'w' then
+        state[2] = false
+    else
+        state[1] = state[1] - 1
+    end
+    hold(state, ARGV[1], kind, now, ARGV[2])
+    redis.call('DEL', mine)
+    return {1, 0}
+end
+grant_ready(state, now, ARGV[7], ARGV[8], ARGV[1])
+local head = redis.call('LINDEX', KEYS[2], 0)
+local next_in_line = head == ARGV[1]
+if (not head or next_in_line) and admits(state, kind) then
+    hold(state, ARGV[1], kind, now, ARGV[2])
+    if next_in_line then
+        redis.call('LPOP', KEYS[2])
+        redis.call('DEL', mine)
+        redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+    end
+    return {1, 0}
+end
+queue_up(mine, nil)
+local left = -1
+if state[3] > 0 then
+    left = state[3] - now
+end
+return {0, left}
+"""
+)
+
+# RW_RELEASE: RELEASE's keys and arguments. Removes the caller's holding if it still
+# held (its lease not over), and grants to the waiters now admitted. Returns 2 if it
+# granted, 1 if it released with nobody granted (an empty message then wakes the
+# pollers), 0 if the token held nothing (nothing of anyone else's is touched).
+RW_RELEASE = Script(
+    _RW
+    + """
+local now = now_ms()
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+local ours = value and tonumber(string.sub(value, 2)) > now
+if ours then
+    redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local state = scan(now)
+local granted, waiting = grant_ready(state, now, ARGV[2], ARGV[3], false)
+if ours and granted == 0 and state[4] > 0 then
+    -- The hash lives as long as its longest lease, which may have been ours.
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+end
+if not ours then
+    return 0
+end
+if granted > 0 then
+    return 2
+end
+if not waiting then
+    -- Nobody queued: wake the waiters that poll. (Queued ones not admitted yet are
+    -- granted when their turn comes: waking them would only make them ask.)
+    announce(ARGV[2], ARGV[3], '')
+end
+return 1
+"""
+)
+
+# RW_LEAVE: LEAVE's keys and arguments. Takes the waiter out of the queue; gives back a
+# holding its token had (a grant, or an attempt, that raced the giving up), granting on.
+# Returns 1 if it held, else 0.
+RW_LEAVE = Script(
+    _RW
+    + """
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
+local held = redis.call('HDEL', KEYS[1], ARGV[1])
+local now = now_ms()
+local state = scan(now)
+-- (A waiter that left may have been the one the others waited behind.)
+local granted, waiting = grant_ready(state, now, ARGV[2], ARGV[3], false)
+if held == 1 and granted == 0 and state[4] > 0 then
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+end
+if granted == 0 and not waiting and held == 1 then
+    announce(ARGV[2], ARGV[3], '')
+end
+return held
+"""
+)
+
+# RW_EXTEND: EXTEND's keys and arguments. Resets the holding's lease if the token still
+# holds (its lease not over); keeps the queue that long plus its slack. Returns 1 if it
+# did, else 0.
+RW_EXTEND = Script(
+    _RW
+    + """
+local now = now_ms()
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if not value or tonumber(string.sub(value, 2)) <= now then
+    return 0
+end
+local state = scan(now)
+local kind = string.sub(value, 1, 1)
+redis.call('HSET', KEYS[1], ARGV[1], kind .. string.format('%d', now + tonumber(ARGV[2])))
+local last = math.max(state[4], now + tonumber(ARGV[2]))
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
+return 1
+"""
+)
+
+# RW_STATE (read only)
+#   KEYS[1]  the holders
+#   ARGV[1]  a token, or ''
+# Returns {readers holding, 1 if a writer holds else 0, ms until the first holder's
+# lease ends (-2: no holder), 1 if the token holds else 0}.
+RW_STATE = Script(
+    _NOW
+    + """
+local now = now_ms()
+local fields = redis.call('HGETALL', KEYS[1])
+local readers, writer, first, mine = 0, 0, 0, 0
+for i = 1, #fields, 2 do
+    local ends = tonumber(string.sub(fields[i + 1], 2))
+    if ends and ends > now then
+        if string.sub(fields[i + 1], 1, 1) == 'w' then
+            writer = 1
+        else
+            readers = readers + 1
+        end
+        if first == 0 or ends < first then
+            first = ends
+        end
+        if fields[i] == ARGV[1] then
+            mine = 1
+        end
+    end
+end
+local left = -2
+if first > 0 then
+    left = first - now
+end
+return {readers, writer, left, mine}
 """
 )

@@ -12,7 +12,10 @@ The translation: on a connection the server reset, redis-py turns
 ``OSError`` into its ``ConnectionError``, but uvloop raises a bare
 ``RuntimeError("unable to perform operation on <TCPTransport closed=True
 ...>")`` instead, which would reach callers who catch ``RedisError``. Here it
-becomes redis-py's ``ConnectionError``; other errors pass unchanged.
+becomes redis-py's ``ConnectionError``. A ``WRONGTYPE`` reply (a name used
+by two kinds of primitive: an ``AsyncLock`` and a ``Semaphore`` on ``"x"``)
+becomes a :class:`~aiolock.LockError` that names the kind holding the key.
+Other errors pass unchanged.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from typing import Any, Final, final
 
 from redis.asyncio import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
+from ._exceptions import LockError
 from ._scripts import Script
 from ._types import Client
 
-__all__ = ["MIN_ALLOWANCE", "Wire", "translated"]
+__all__ = ["KINDS", "MIN_ALLOWANCE", "Wire", "translated"]
 
 #: The least time an answer is given past a deadline, however fast the link has been.
 MIN_ALLOWANCE: Final = 0.1
@@ -39,6 +43,14 @@ def translated(exc: RuntimeError) -> BaseException:
         error.__cause__ = exc
         return error
     return exc
+
+
+#: Which primitive makes a key of each type (``TYPE``): the lock's kind, in words.
+KINDS: Final = {
+    "string": "an AsyncLock (or a Redlock)",
+    "zset": "a Semaphore",
+    "hash": "a ReadWriteLock",
+}
 
 
 @final
@@ -96,7 +108,11 @@ class Wire:
             raise translated(exc) from None
 
     async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
-        """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply."""
+        """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply.
+
+        Raises:
+            LockError: the key is of another kind of primitive (``WRONGTYPE``).
+        """
         try:
             try:
                 return await self.client.execute_command(
@@ -109,6 +125,23 @@ class Wire:
                 )
         except RuntimeError as exc:
             raise translated(exc) from None
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise await self.wrong_kind(keys[0]) from exc
+
+    async def wrong_kind(self, key: str) -> LockError:
+        """The error for a command that met ``key`` holding another kind of primitive."""
+        try:
+            found = await self.client.execute_command("TYPE", key)
+        except Exception:  # the answer is only for the message
+            found = "?"
+        kind = found.decode() if isinstance(found, bytes) else str(found)
+        what = KINDS.get(kind, f"a key of type {kind!r} that aiolock did not make")
+        return LockError(
+            f"the key {key!r} is in use by {what}: one name cannot serve two kinds of "
+            "lock (give this one another name or prefix)"
+        )
 
     async def run_then(
         self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...], then: tuple[Any, ...]
@@ -134,11 +167,19 @@ class Wire:
         raise NoScriptError(f"the script {script!r} could not be loaded")
 
     async def get(self, key: str) -> Any:
-        """``GET key``."""
+        """``GET key``.
+
+        Raises:
+            LockError: the key is of another kind of primitive (``WRONGTYPE``).
+        """
         try:
             return await self.client.execute_command("GET", key)
         except RuntimeError as exc:
             raise translated(exc) from None
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise await self.wrong_kind(key) from exc
 
     async def pexpire(self, key: str, ms: int) -> bool:
         """``PEXPIRE key ms``: whether the key was there."""

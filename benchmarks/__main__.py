@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from ._common import add_common_args, repro_command
 
 #: The benchmarks, in the order they run.
-BENCHMARKS = ("contention", "handoff", "seckill", "redlock")
+BENCHMARKS = ("contention", "handoff", "seckill", "redlock", "family")
 
 
 def _load(name: str) -> Callable[[Sequence[str]], int | None] | None:

@@ -308,9 +308,17 @@ class FloorLocker:
 
 
 def _make_lockers(subject: str, client: Redis, key: str, count: int) -> list[Locker]:
-    """Return one locker per coroutine for ``subject``."""
+    """Return one locker per coroutine for ``subject``.
+
+    Besides this module's subjects, ``benchmarks.family`` runs ``semaphore N``
+    (an aiolock ``Semaphore`` of N permits) and ``zset floor N`` (its floor).
+    """
     lockers: list[Locker] = []
-    if subject in ("floor", "floor raw"):
+    if subject.startswith(("semaphore ", "zset floor ")):
+        from .family import semaphore_lockers  # imported here: family imports this module
+
+        lockers.extend(semaphore_lockers(subject, client, key, count))
+    elif subject in ("floor", "floor raw"):
         script = client.register_script(_FLOOR_RELEASE)
         raw = subject == "floor raw"
         lockers.extend(FloorLocker(client, key, script, raw=raw) for _ in range(count))

@@ -17,6 +17,11 @@ What is idiomatic here:
       async def buy(item_id: str, quantity: int = 1) -> int | None: ...
 
 - The restock handler uses ``async with AsyncLock(...)`` in its body.
+- The partner's quote is fetched by a coroutine function guarded with
+  ``limit=``: each call runs under one permit of a
+  :class:`~aiolock.Semaphore`, so at most ``partner_limit`` calls to the
+  partner run at once across every worker process, whatever the item. A
+  call that gets no permit in time is a 503 with ``Retry-After``.
 - The :func:`lock_errors` middleware maps aiolock's errors to HTTP once, for
   every handler: :class:`~aiolock.AcquireTimeout` (the item stayed busy past
   the lock's ``timeout``) to 503 with ``Retry-After``, and
@@ -28,6 +33,12 @@ Run it against a server (``AIOLOCK_URL``, default ``redis://127.0.0.1:6379/0``):
     AIOLOCK_URL=redis://127.0.0.1:6379/0 python examples/aiohttp_app.py
     curl -X POST 'localhost:8080/items/phone/restock?quantity=10'
     curl -X POST 'localhost:8080/items/phone/buy'
+
+The partner's API is at ``PARTNER_URL`` (default ``http://127.0.0.1:9000``;
+``GET /quotes/{item_id}`` answers ``{"item": ..., "price": ...}``), called
+with an ``aiohttp`` client session made and closed by a ``cleanup_ctx`` too::
+
+    curl 'localhost:8080/partner/phone'
 
 ``create_app(url, unlocked_demo=True)`` adds ``POST /items/{item_id}/buy-unlocked``,
 the same purchase without the lock. It exists to show (and to test) that
@@ -41,7 +52,9 @@ import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
+import aiohttp
 import redis.asyncio as redis
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -54,17 +67,26 @@ class Settings:
     """How the service locks and how long a purchase "works" between its read and write.
 
     Attributes:
-        ttl: the lock's lease in seconds (renewed while a handler holds it).
-        lock_timeout: how long a request waits for a busy item before 503.
+        ttl: the lease of a lock or permit in seconds (renewed while a handler holds it).
+        lock_timeout: how long a request waits for a busy item, or for a
+            permit to call the partner, before 503.
         pause: seconds of simulated work between reading and writing the stock.
+        partner_url: the base URL of the partner's API.
+        partner_limit: how many calls to the partner may run at once, across
+            every worker (every worker must use the same number).
+        partner_name: the name of the semaphore that counts those calls.
     """
 
     ttl: float = 5.0
     lock_timeout: float = 2.0
     pause: float = 0.01
+    partner_url: str = "http://127.0.0.1:9000"
+    partner_limit: int = 4
+    partner_name: str = "partner-api"
 
 
 REDIS = web.AppKey("redis", redis.Redis)
+PARTNER = web.AppKey("partner", aiohttp.ClientSession)
 SETTINGS = web.AppKey("settings", Settings)
 
 
@@ -127,7 +149,7 @@ async def lock_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         )
     except LockLostError as exc:  # the lease ran out meanwhile: writes may have happened
         return web.json_response(
-            {"detail": f"outcome unknown: the item's lock was lost while processing ({exc})"},
+            {"detail": f"outcome unknown: the lock was lost while processing ({exc})"},
             status=503,
         )
 
@@ -194,7 +216,13 @@ def create_app(
         finally:
             await client.aclose()
 
+    async def partner_session(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(base_url=settings.partner_url) as partner:
+            app[PARTNER] = partner
+            yield
+
     app.cleanup_ctx.append(redis_client)
+    app.cleanup_ctx.append(partner_session)
 
     # Each call runs under ``async with AsyncLock(app[REDIS], f"item:{item_id}", ...)``.
     # guard() does not hand the lock to the function, so it cannot check ``lock.lost``
@@ -218,7 +246,35 @@ def create_app(
             raise sold_out(item_id)
         return web.json_response({"item": item_id, "remaining": remaining})
 
+    # One permit of the semaphore per call, whatever the item: the limit is the
+    # partner's. Waiting calls get permits in the order they asked, in every worker.
+    @guard(
+        lambda: app[REDIS],
+        settings.partner_name,
+        limit=settings.partner_limit,
+        ttl=settings.ttl,
+        timeout=settings.lock_timeout,
+    )
+    async def fetch_quote(item_id: str) -> Any:
+        async with app[PARTNER].get(f"/quotes/{item_id}") as resp:
+            resp.raise_for_status()
+            return await resp.json()
+
+    async def partner_quote(request: web.Request) -> web.Response:
+        """The partner's price: at most ``partner_limit`` calls at once, in every worker."""
+        item_id = request.match_info["item_id"]
+        try:
+            body = await fetch_quote(item_id)
+        except AcquireTimeout as exc:  # every permit stayed taken: the partner was not called
+            return web.json_response(
+                {"detail": f"the partner API is busy, try again later ({exc})"},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
+        return web.json_response({"item": item_id, "price": int(body["price"])})
+
     app.router.add_get("/items/{item_id}", get_stock)
+    app.router.add_get("/partner/{item_id}", partner_quote)
     app.router.add_post("/items/{item_id}/buy", buy)
     app.router.add_post("/items/{item_id}/restock", restock)
     if unlocked_demo:
@@ -228,5 +284,9 @@ def create_app(
 
 if __name__ == "__main__":
     web.run_app(
-        create_app(os.environ.get("AIOLOCK_URL", "redis://127.0.0.1:6379/0")), host="127.0.0.1"
+        create_app(
+            os.environ.get("AIOLOCK_URL", "redis://127.0.0.1:6379/0"),
+            settings=Settings(partner_url=os.environ.get("PARTNER_URL", Settings.partner_url)),
+        ),
+        host="127.0.0.1",
     )

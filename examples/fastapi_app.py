@@ -22,6 +22,11 @@ What is idiomatic here:
   :class:`~aiolock.LockLostError` raised on release still becomes an HTTP
   response instead of an error after the response went out.
 - :func:`restock` uses ``async with AsyncLock(...)`` directly in its body.
+- :func:`partner_quote` calls a partner's API under a
+  :class:`~aiolock.Semaphore`: at most ``partner_limit`` calls to it at once
+  across every worker process, whatever the item (the partner allows that
+  many). A request that gets no permit within the timeout is a 503 with
+  ``Retry-After``, and the partner is not called.
 - Exception handlers map aiolock's errors to HTTP once, for every route:
   :class:`~aiolock.AcquireTimeout` (the item stayed busy past the lock's
   ``timeout``) to 503 with ``Retry-After``, and :class:`~aiolock.LockLostError`
@@ -33,6 +38,12 @@ Run it against a server (``AIOLOCK_URL``, default ``redis://127.0.0.1:6379/0``):
     AIOLOCK_URL=redis://127.0.0.1:6379/0 python examples/fastapi_app.py
     curl -X POST 'localhost:8000/items/phone/restock?quantity=10'
     curl -X POST 'localhost:8000/items/phone/buy'
+
+The partner's API is at ``PARTNER_URL`` (default ``http://127.0.0.1:9000``;
+``GET /quotes/{item_id}`` answers ``{"item": ..., "price": ...}``), called
+with an ``aiohttp`` client session made and closed in the lifespan too::
+
+    curl 'localhost:8000/partner/phone'
 
 ``create_app(url, unlocked_demo=True)`` adds ``POST /items/{item_id}/buy-unlocked``,
 the same purchase without the lock. It exists to show (and to test) that
@@ -48,12 +59,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
+import aiohttp
 import redis.asyncio as redis
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from aiolock import AcquireTimeout, AsyncLock, LockLostError
+from aiolock import AcquireTimeout, AsyncLock, LockLostError, Semaphore
 
 
 @dataclass(frozen=True)
@@ -61,14 +73,22 @@ class Settings:
     """How the service locks and how long a purchase "works" between its read and write.
 
     Attributes:
-        ttl: the lock's lease in seconds (renewed while a handler holds it).
-        lock_timeout: how long a request waits for a busy item before 503.
+        ttl: the lease of a lock or permit in seconds (renewed while a handler holds it).
+        lock_timeout: how long a request waits for a busy item, or for a
+            permit to call the partner, before 503.
         pause: seconds of simulated work between reading and writing the stock.
+        partner_url: the base URL of the partner's API.
+        partner_limit: how many calls to the partner may run at once, across
+            every worker (every worker must use the same number).
+        partner_name: the name of the semaphore that counts those calls.
     """
 
     ttl: float = 5.0
     lock_timeout: float = 2.0
     pause: float = 0.01
+    partner_url: str = "http://127.0.0.1:9000"
+    partner_limit: int = 4
+    partner_name: str = "partner-api"
 
 
 class Purchase(BaseModel):
@@ -83,6 +103,13 @@ class Stock(BaseModel):
 
     item: str
     stock: int
+
+
+class Quote(BaseModel):
+    """The partner's price for an item."""
+
+    item: str
+    price: int
 
 
 def stock_key(item_id: str) -> str:
@@ -150,8 +177,15 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+def get_partner(request: Request) -> aiohttp.ClientSession:
+    """The app's HTTP session to the partner's API, made by the lifespan."""
+    partner: aiohttp.ClientSession = request.app.state.partner
+    return partner
+
+
 RedisClient = Annotated[redis.Redis, Depends(get_redis)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
+PartnerAPI = Annotated[aiohttp.ClientSession, Depends(get_partner)]
 
 
 async def item_lock(
@@ -216,6 +250,33 @@ async def restock(
     return Stock(item=item_id, stock=stock)
 
 
+@router.get("/partner/{item_id}")
+async def partner_quote(
+    item_id: str, client: RedisClient, partner: PartnerAPI, settings: AppSettings
+) -> Quote:
+    """The partner's price: at most ``partner_limit`` calls at once, in every worker; else 503."""
+    # One permit per call, whatever the item: the limit is the partner's, not an item's.
+    # Waiting tasks get permits in the order they asked, across every worker.
+    permit = Semaphore(
+        client,
+        settings.partner_name,
+        limit=settings.partner_limit,
+        ttl=settings.ttl,
+        timeout=settings.lock_timeout,
+    )
+    try:
+        async with permit, partner.get(f"/quotes/{item_id}") as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+    except AcquireTimeout as exc:  # every permit stayed taken: the partner was not called
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the partner API is busy, try again later ({exc})",
+            headers={"Retry-After": "1"},
+        ) from exc
+    return Quote(item=item_id, price=int(body["price"]))
+
+
 demo_router = APIRouter()
 
 
@@ -243,9 +304,9 @@ async def item_busy(request: Request, exc: AcquireTimeout) -> JSONResponse:
 
 
 async def lock_lost(request: Request, exc: LockLostError) -> JSONResponse:
-    """503: the lock was lost while the handler ran; its writes may or may not have happened."""
+    """503: the lock (or permit) was lost while the handler ran; its writes may have happened."""
     return JSONResponse(
-        {"detail": f"outcome unknown: the item's lock was lost while processing ({exc})"},
+        {"detail": f"outcome unknown: the lock was lost while processing ({exc})"},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
     )
 
@@ -275,7 +336,9 @@ def create_app(
         client = redis.Redis.from_url(url, client_name=client_name)
         app.state.redis = client
         try:
-            yield
+            async with aiohttp.ClientSession(base_url=app.state.settings.partner_url) as partner:
+                app.state.partner = partner
+                yield
         finally:
             await client.aclose()
 
@@ -294,4 +357,9 @@ def create_app(
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(create_app(os.environ.get("AIOLOCK_URL", "redis://127.0.0.1:6379/0")))
+    uvicorn.run(
+        create_app(
+            os.environ.get("AIOLOCK_URL", "redis://127.0.0.1:6379/0"),
+            settings=Settings(partner_url=os.environ.get("PARTNER_URL", Settings.partner_url)),
+        )
+    )

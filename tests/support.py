@@ -289,7 +289,8 @@ def all_keys(name: str) -> str:
 
 def keys_of(lock: Any, prefix: str = DEFAULT_PREFIX) -> Keys:
     """The key names of ``lock`` (made with ``prefix``), checked against its own ``key``."""
-    keys = Keys(lock.name, prefix)
+    kind = {"Semaphore": "semaphore", "RWSide": "rw"}.get(type(lock).__name__, "lock")
+    keys = Keys(lock.name, prefix, kind=kind)
     assert keys.lock == lock.key, (keys, lock.key)
     return keys
 

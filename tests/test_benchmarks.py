@@ -32,7 +32,7 @@ def run_module(label: str, module: str, *args: str, timeout: float) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", ["contention", "handoff", "seckill", "redlock"])
+@pytest.mark.parametrize("name", ["contention", "handoff", "seckill", "redlock", "family"])
 def test_benchmark_runs_quick_and_checks_itself(name: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick --only NAME` exits 0 and writes NAME.json and NAME.png."""
     run_module(name, "benchmarks", "--quick", "--only", name, "--out", str(tmp_path), timeout=170)

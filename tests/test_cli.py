@@ -759,6 +759,7 @@ def test_status_of_a_free_lock_exits_3(cli: Cli, name: str, key: str) -> None:
     assert json.loads(as_json.stdout) == {
         "name": name,
         "key": key,
+        "kind": None,
         "held": False,
         "lease": None,
         "fence": None,
@@ -791,6 +792,7 @@ def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
     assert as_json.returncode == 0, as_json
     state = json.loads(as_json.stdout)
     assert state["held"] is True
+    assert state["kind"] == "lock"
     assert state["fence"] == fence
     assert 0 < state["lease"] <= 6.0
     assert state["key"] == key
@@ -1050,3 +1052,129 @@ async def test_over_a_slow_link_run_takes_a_free_lock_and_silence_exits_69(
     # budget of min(ttl, 1 s); plus the interpreter's start.
     assert silent.elapsed < 2.0 + 2.0, silent
     assert db.keys(f"*{name}*") == []
+
+
+# -- semaphores (--limit) ------------------------------------------------------------------
+
+
+def test_run_with_a_limit_of_two_runs_two_commands_at_once_never_three(
+    cli: Cli, name: str, db: redis.Redis, script: Script
+) -> None:
+    """Five `aiolock run --limit 2` at once: two commands run together, never three.
+
+    Each command counts itself in on the server (INCR), notes the most it
+    saw, stays 0.4 s and counts itself out; `aiolock status` meanwhile shows
+    the semaphore's two permits.
+    """
+    witness = f"{name}:inside"
+    job = script(
+        """
+        import sys, time
+        import redis
+        r = redis.Redis.from_url(sys.argv[1])
+        inside = r.incr(sys.argv[2])
+        r.eval("if tonumber(redis.call('GET', KEYS[1]) or 0) < tonumber(ARGV[1]) then "
+               "redis.call('SET', KEYS[1], ARGV[1]) end", 1, sys.argv[2] + ":most", inside)
+        time.sleep(0.4)
+        r.decr(sys.argv[2])
+        """
+    )
+    jobs = [cli.start("run", "--limit", "2", name, "--", *job, cli.url, witness) for _ in range(5)]
+    wait_for(lambda: db.get(witness) == "2", "two commands running at once")
+    status = cli("status", "--json", name)
+    assert status.returncode == 0, status
+    state = json.loads(status.stdout)
+    assert state["kind"] == "semaphore"
+    assert len(state["permits"]) == 2
+    assert all(0 < p["lease"] <= 10.0 for p in state["permits"])
+    assert cli("status", name).stdout.startswith(f"semaphore {name!r} has 2 permits held")
+    for one in jobs:
+        result = one.finish()
+        assert result.returncode == 0, result
+    assert db.get(f"{witness}:most") == "2"
+    assert db.keys(f"*{{{name}}}*") == []
+    db.delete(witness, f"{witness}:most")
+
+
+def test_run_with_a_limit_that_is_full_says_so(
+    cli: Cli, name: str, db: redis.Redis, script: Script
+) -> None:
+    """`--limit 1 --nonblock` while the permit is taken: exit 75, one line naming the semaphore."""
+    holder = script("import time; time.sleep(30)")
+    job = cli.start("run", "--limit", "1", name, "--", *holder)
+    wait_for(lambda: db.exists(Keys(name).lock) == 1, "the first run's permit")
+    result = cli("run", "--limit", "1", "--nonblock", name, "--", "true")
+    assert result.returncode == 75, result
+    assert result.stderr == (
+        f"aiolock: semaphore {name!r} (1 permit) has every permit taken; did not wait\n"
+    )
+    job.stop()
+
+
+def test_limit_with_fencing_or_a_bad_limit_is_a_usage_error(cli: Cli, name: str) -> None:
+    """`--limit` takes a positive int and does not go with `--fencing`: exit 2, nothing run."""
+    fenced = cli("run", "--limit", "2", "--fencing", name, "--", "true")
+    assert fenced.returncode == 2, fenced
+    assert "--fencing cannot go with --limit" in fenced.stderr
+    for bad in ("0", "-1", "two", "1.5"):
+        result = cli("run", "--limit", bad, name, "--", "true")
+        assert result.returncode == 2, result
+        assert "--limit" in result.stderr
+
+
+def test_status_of_a_read_write_lock_shows_its_readers_or_its_writer(
+    cli: Cli, name: str, db: redis.Redis, script: Script
+) -> None:
+    """Two readers hold: `aiolock status` names them and their leases; exit 0; free: exit 3."""
+    holder = script(
+        """
+        import asyncio, sys
+        import redis.asyncio as redis
+        from aiolock import ReadWriteLock
+        async def main(url, name):
+            rw = ReadWriteLock(redis.Redis.from_url(url), name, ttl=8.0)
+            async def read():
+                async with rw.reader:
+                    await asyncio.sleep(30)
+            await asyncio.gather(read(), read())
+        asyncio.run(main(*sys.argv[1:]))
+        """
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [*holder, cli.url, name], env={**os.environ, "PYTHONPATH": root}, start_new_session=True
+    )
+    try:
+        wait_for(lambda: db.hlen(Keys(name).lock) == 2, "the two readers")
+        status = cli("status", "--json", name)
+        assert status.returncode == 0, status
+        state = json.loads(status.stdout)
+        assert state["kind"] == "read-write"
+        assert state["writer"] is None
+        assert len(state["readers"]) == 2
+        assert all(0 < r["lease"] <= 8.0 for r in state["readers"])
+        text = cli("status", name).stdout
+        assert text.startswith(f"read-write lock {name!r} is held by 2 readers")
+    finally:
+        proc.kill()
+        proc.wait()
+        db.delete(Keys(name).lock)
+
+
+def test_run_on_a_name_of_the_other_kind_exits_2_with_one_line(
+    cli: Cli, name: str, db: redis.Redis
+) -> None:
+    """`--limit` on a lock's name, or a lock on a semaphore's: one line naming the kind, exit 2."""
+    db.set(Keys(name).lock, "a lock's token", px=10_000)
+    result = cli("run", "--limit", "2", "--nonblock", name, "--", "true")
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("aiolock: the key ")
+    assert "in use by an AsyncLock" in result.stderr
+    assert result.stderr.count("\n") == 1
+    db.delete(Keys(name).lock)
+    db.zadd(Keys(name).lock, {"a permit": 99_999_999_999_999})
+    result = cli("run", "--timeout", "0.5", name, "--", "true")
+    assert result.returncode == 2, result
+    assert "in use by a Semaphore" in result.stderr
+    assert result.stderr.count("\n") == 1
+    db.delete(Keys(name).lock, Keys(name).queue)

@@ -49,7 +49,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisClusterException, RedisError
 from support import calls, eventually, keys_of, listeners_gone, other_tasks
 
-from aiolock import AsyncLock, LockLostError, backoff
+from aiolock import AsyncLock, LockLostError, ReadWriteLock, Semaphore, backoff
 from aiolock import _scripts as scripts
 from aiolock._keys import DEFAULT_PREFIX, Keys
 from aiolock.testing import LocalCluster, RedisServer
@@ -979,3 +979,77 @@ async def test_failover_of_the_locks_master(
     for exc in errors:
         assert type(exc).__module__.startswith("redis."), repr(exc)
         assert str(exc), repr(exc)
+
+
+async def test_a_semaphore_on_every_master_keeps_its_limit(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """One Semaphore (limit 2) per master, 6 tasks on 2 clients each: 2 at once, never 3.
+
+    Its sorted set, its queue and its entries share the name's slot: no
+    CROSSSLOT, nothing left behind (the leak checks of ``clients``).
+    """
+    names = spread_names(cluster, tag, 1)
+    made = [clients(cluster), clients(cluster)]
+    most: Counter[str] = Counter()
+    inside: Counter[str] = Counter()
+
+    async def work(client: RedisCluster, name: str) -> None:
+        semaphore = Semaphore(client, name, limit=2, ttl=5.0)
+        for _ in range(5):
+            async with semaphore:
+                inside[name] += 1
+                most[name] = max(most[name], inside[name])
+                await asyncio.sleep(0.005)
+                inside[name] -= 1
+
+    await asyncio.gather(*(work(c, n) for n in names for c in made for _ in range(3)))
+    assert dict(most) == dict.fromkeys(names, 2)
+    for master in masters_of(cluster):
+        assert_lock_commands_clean(master.port, await error_replies(master))
+
+
+async def test_a_read_write_lock_on_every_master_keeps_readers_and_writers_apart(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """One ReadWriteLock per master; readers and writers on 2 clients: never together.
+
+    Its hash, its queue and its entries share the name's slot: no
+    CROSSSLOT, nothing left behind (the leak checks of ``clients``).
+    """
+    names = spread_names(cluster, tag, 1)
+    made = [clients(cluster), clients(cluster)]
+    readers: Counter[str] = Counter()
+    writers: Counter[str] = Counter()
+    bad: list[str] = []
+    shared: Counter[str] = Counter()
+
+    async def read(client: RedisCluster, name: str) -> None:
+        rw = ReadWriteLock(client, name, ttl=5.0)
+        for _ in range(5):
+            async with rw.reader:
+                readers[name] += 1
+                shared[name] = max(shared[name], readers[name])
+                if writers[name]:
+                    bad.append(name)
+                await asyncio.sleep(0.005)
+                readers[name] -= 1
+
+    async def write(client: RedisCluster, name: str) -> None:
+        rw = ReadWriteLock(client, name, ttl=5.0)
+        for _ in range(3):
+            async with rw.writer:
+                writers[name] += 1
+                if writers[name] > 1 or readers[name]:
+                    bad.append(name)
+                await asyncio.sleep(0.005)
+                writers[name] -= 1
+
+    await asyncio.gather(
+        *(read(c, n) for n in names for c in made for _ in range(3)),
+        *(write(c, n) for n in names for c in made),
+    )
+    assert bad == []
+    assert all(shared[n] > 1 for n in names), dict(shared)
+    for master in masters_of(cluster):
+        assert_lock_commands_clean(master.port, await error_replies(master))

@@ -234,7 +234,12 @@ def test_relative_links_resolve(page: Path) -> None:
 def test_aiolock_names_in_a_block_exist(block: Block) -> None:
     """What the block imports from aiolock exists, and its lock options are real parameters."""
     lock_options = _parameters(aiolock.AsyncLock)
-    accepted = {"AsyncLock": lock_options, "Redlock": _parameters(aiolock.Redlock)}
+    accepted = {
+        "AsyncLock": lock_options,
+        "Redlock": _parameters(aiolock.Redlock),
+        "Semaphore": _parameters(aiolock.Semaphore) - {"refused"},
+        "ReadWriteLock": _parameters(aiolock.ReadWriteLock) - {"refused"},
+    }
     guard = getattr(aiolock, "guard", None)  # a missing guard fails as a missing import
     if guard is not None:
         accepted["guard"] = lock_options | (_parameters(guard) - {"options"})

@@ -275,3 +275,38 @@ async def test_a_name_callable_must_return_a_str(client: redis.Redis) -> None:
 
     with pytest.raises(TypeError, match="must return a str"):
         await settle(3)
+
+
+async def test_with_a_limit_at_most_that_many_calls_for_one_name_run_at_once(
+    client: redis.Redis, name: str
+) -> None:
+    """`limit=2`: eight calls for one name run two at a time, and do reach two."""
+    now = {"inside": 0, "most": 0}
+
+    @guard(client, name + ":{host}", limit=2, ttl=5.0)
+    async def call(host: str, n: int) -> int:
+        now["inside"] += 1
+        now["most"] = max(now["most"], now["inside"])
+        await asyncio.sleep(0.02)
+        now["inside"] -= 1
+        return n
+
+    assert await asyncio.gather(*(call("partner", n) for n in range(8))) == list(range(8))
+    assert now["most"] == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"limit": 0}, ValueError, "limit"),
+        ({"limit": True}, TypeError, "limit"),
+        ({"limit": 2, "fencing": True}, TypeError, "fencing"),
+        ({"limit": 2, "replicas": 1}, TypeError, "replicas"),
+    ],
+)
+def test_a_bad_limit_or_an_option_a_semaphore_refuses_fails_when_decorating(
+    client: redis.Redis, options: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    """The semaphore's arguments are checked at decoration time, naming the argument."""
+    with pytest.raises(error, match=named):
+        guard(client, "x", **options)

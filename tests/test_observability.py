@@ -24,13 +24,18 @@ from support import eventually, keys_of, kinds, the_miss
 
 import aiolock
 import aiolock.otel
-from aiolock import AsyncLock, LockEvent, LockLostError
+from aiolock import AsyncLock, LockError, LockEvent, LockLostError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 async def make_renewal_fail(admin: redis.Redis, key: str) -> None:
-    """Replace the lock key by a hash: the extend script then fails with WRONGTYPE."""
+    """Replace the lock key by a hash: the extend script then fails with WRONGTYPE.
+
+    aiolock reports it as a :class:`~aiolock.LockError` naming the kind the
+    key now looks like (a hash: a ReadWriteLock's); renewal goes on trying
+    until the lease ends, then declares the loss.
+    """
     async with admin.pipeline(transaction=True) as pipe:
         pipe.delete(key)
         pipe.hset(key, "not", "a lock")
@@ -95,8 +100,8 @@ async def test_a_failing_renewal_and_the_loss_it_ends_in_are_warnings(
     assert all(r.name == "aiolock" for r in warnings)
     failures = [r for r in warnings if r.getMessage().startswith(f"renewal of lock {name!r}")]
     assert failures, [r.getMessage() for r in warnings]
-    assert "ResponseError" in failures[0].getMessage()
-    assert "WRONGTYPE" in failures[0].getMessage()
+    assert "LockError" in failures[0].getMessage()
+    assert "in use by a ReadWriteLock" in failures[0].getMessage()
     losses = [r for r in warnings if r.getMessage().startswith(f"lost lock {name!r}")]
     assert len(losses) == 1
     assert "lease ran out" in losses[0].getMessage()
@@ -200,7 +205,10 @@ async def test_failed_renewals_then_the_loss_are_reported(
     assert seen[0].kind == "acquired"
     failed = [e for e in seen if e.kind == "renewal_failed"]
     assert failed
-    assert all(isinstance(e.error, redis.ResponseError) for e in failed)
+    assert all(isinstance(e.error, LockError) for e in failed)
+    assert all(
+        e.error is not None and isinstance(e.error.__cause__, redis.ResponseError) for e in failed
+    )
     assert seen[-1].kind == "lost"
     assert seen[-1].reason is not None
     assert "lease ran out" in seen[-1].reason
@@ -349,7 +357,7 @@ async def test_otel_records_acquisitions_waits_holds_renewals_and_losses(
     assert sum(p.value for p in found["aiolock.renewals"]) >= 1
     (failures,) = found["aiolock.renewal.failures"]
     assert failures.value >= 1
-    assert failures.attributes["error.type"] == "ResponseError"
+    assert failures.attributes["error.type"] == "LockError"
     (losses,) = found["aiolock.losses"]
     assert losses.value == 1
     assert all(

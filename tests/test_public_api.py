@@ -15,6 +15,7 @@ import re
 import types
 
 import pytest
+import redis.asyncio as redis
 
 import aiolock
 import aiolock._exceptions
@@ -38,7 +39,9 @@ AIOLOCK_ALL = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "ReadWriteLock",
     "Redlock",
+    "Semaphore",
     "__version__",
     "add_observer",
     "backoff",
@@ -87,6 +90,18 @@ def public_members(obj: type) -> list[str]:
 def test_aiolock_all_is_pinned() -> None:
     """aiolock.__all__ is exactly the pinned list."""
     assert aiolock.__all__ == AIOLOCK_ALL
+
+
+def test_the_family_has_the_names_of_design_section_10() -> None:
+    """Semaphore and ReadWriteLock's sides have AsyncLock's methods; DESIGN.md §10's names."""
+    for name in (*LOCK_METHODS, "limit", "lost", "statistics"):
+        assert hasattr(aiolock.Semaphore, name), name
+    for name in ("reader", "writer", "locked", "name", "key", "ttl"):
+        assert hasattr(aiolock.ReadWriteLock, name), name
+    rw = aiolock.ReadWriteLock(redis.Redis(), "x")  # makes nothing on a server
+    for side in (rw.reader, rw.writer):
+        for name in (*LOCK_METHODS, "lost", "kind", "lock", "name", "key", "ttl"):
+            assert hasattr(side, name), name
 
 
 def test_aiolock_all_is_sorted_and_unique() -> None:

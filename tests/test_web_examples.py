@@ -6,7 +6,9 @@ against the session's real server: FastAPI under an in-process
 ``TCPSite``, both on a free loopback port, and drives it with real
 concurrent HTTP requests. After the server stops, every test checks that the
 app shut down cleanly: its Redis client's connections are gone, no lock key
-is left, and no task it started still runs.
+is left, and no task it started still runs. The partner route's upstream is
+a real HTTP server of the test's own (aiohttp, loopback), which counts the
+calls it is serving at once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import uvicorn
 from aiohttp import web
 from support import eventually, load_example
 
-from aiolock import AsyncLock
+from aiolock import AsyncLock, Semaphore
 from aiolock._keys import Keys
 from aiolock.testing import RedisServer
 
@@ -39,6 +41,9 @@ STOCK = 10
 BUYERS = 30
 #: Seconds between a purchase's read and its write (widens the race without the lock).
 PAUSE = 0.02
+#: The partner route: ``QUOTES`` concurrent requests against a limit of ``PARTNER_LIMIT``.
+PARTNER_LIMIT = 4
+QUOTES = 20
 #: Bounds on starting and stopping a server, and on one batch of requests.
 STARTUP = 10.0
 SHUTDOWN = 10.0
@@ -112,9 +117,13 @@ class Framework:
         lock_timeout: float = 10.0,
         pause: float = PAUSE,
         unlocked_demo: bool = False,
+        **partner: Any,
     ) -> AbstractAsyncContextManager[str]:
-        """Make the app with these settings and serve it; the context yields its base URL."""
-        settings = self.module.Settings(ttl=ttl, lock_timeout=lock_timeout, pause=pause)
+        """Make the app with these settings and serve it; the context yields its base URL.
+
+        ``partner`` takes the ``partner_*`` settings.
+        """
+        settings = self.module.Settings(ttl=ttl, lock_timeout=lock_timeout, pause=pause, **partner)
         app = self.module.create_app(
             url, client_name=client_name, settings=settings, unlocked_demo=unlocked_demo
         )
@@ -316,7 +325,7 @@ async def test_a_lock_lost_during_a_purchase_answers_503(
     # FastAPI's handler checks lock.lost before its write; the aiohttp one is cancelled
     # at the loss (guard with cancel_on_lost=True). Either way the stale read is not written.
     assert body["detail"].startswith(
-        ("outcome unknown: the item's lock was lost", f"the lock of item {item!r} was lost")
+        ("outcome unknown: the lock was lost", f"the lock of item {item!r} was lost")
     ), body
     assert await admin.get(f"stock:{item}") == "1"
 
@@ -343,3 +352,106 @@ async def test_stopping_the_app_closes_its_connections_and_tasks(
             resp = await pending
         async with resp:
             assert resp.status == 200, await resp.text()
+
+
+@dataclass
+class Partner:
+    """The partner's API as the test serves it: each call waits for ``gate``, then ``PAUSE``.
+
+    It counts the calls it is serving at once (``inside``), the most it
+    served at once (``most``) and all it served (``served``); ``full`` is
+    set once ``PARTNER_LIMIT`` calls are inside.
+    """
+
+    gate: asyncio.Event
+    full: asyncio.Event
+    inside: int = 0
+    most: int = 0
+    served: int = 0
+
+    async def quote(self, request: web.Request) -> web.Response:
+        """``GET /quotes/{item_id}``: a price, once the gate is open."""
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        if self.inside == PARTNER_LIMIT:
+            self.full.set()
+        try:
+            await self.gate.wait()
+            await asyncio.sleep(PAUSE)
+        finally:
+            self.inside -= 1
+        self.served += 1
+        return web.json_response({"item": request.match_info["item_id"], "price": 7})
+
+    def app(self) -> web.Application:
+        """The partner's web app."""
+        app = web.Application()
+        app.router.add_get("/quotes/{item_id}", self.quote)
+        return app
+
+
+async def test_partner_calls_reach_the_limit_and_never_exceed_it(
+    shop: Shop, admin: redis.Redis, name: str
+) -> None:
+    """20 concurrent quotes, limit 4: the partner serves 4 at once, never 5; 16 wait their turn.
+
+    The partner holds every call until 4 are inside and the other 16
+    requests stand in the semaphore's queue on the server (all 20 are then
+    accounted for: none is on its way to the partner). Then it answers,
+    each call taking ``PAUSE``; every request gets its quote.
+    """
+    partner = Partner(gate=asyncio.Event(), full=asyncio.Event())
+    semaphore = f"{name}:partner"
+    queue = Keys(semaphore, kind="semaphore").queue
+
+    async def quote(http: aiohttp.ClientSession, index: int) -> tuple[int, Any]:
+        async with http.get(f"/partner/item-{index}") as resp:
+            return resp.status, await resp.json()
+
+    async def all_the_others_wait() -> bool:
+        assert partner.most <= PARTNER_LIMIT, f"{partner.most} calls at once"
+        return bool(await admin.llen(queue) == QUOTES - PARTNER_LIMIT)
+
+    async with (
+        serve_with_aiohttp(partner.app()) as partner_url,
+        shop.running(
+            partner_url=partner_url, partner_limit=PARTNER_LIMIT, partner_name=semaphore
+        ) as base,
+        session(base) as http,
+    ):
+        calls = asyncio.gather(*(quote(http, i) for i in range(QUOTES)))
+        try:
+            async with asyncio.timeout(REQUESTS):
+                await partner.full.wait()
+            await eventually(
+                all_the_others_wait, "the other requests to wait in the semaphore's queue", REQUESTS
+            )
+            assert partner.inside == PARTNER_LIMIT
+        finally:
+            partner.gate.set()
+            async with asyncio.timeout(REQUESTS):
+                done = await calls
+    assert done == [(200, {"item": f"item-{i}", "price": 7}) for i in range(QUOTES)]
+    assert partner.served == QUOTES
+    assert partner.most == PARTNER_LIMIT, f"{partner.most} calls at once, limit {PARTNER_LIMIT}"
+    assert await admin.keys(f"*{{{semaphore}}}*") == [], "the semaphore left a key"
+
+
+async def test_a_partner_at_its_limit_answers_503_with_retry_after(
+    shop: Shop, client: redis.Redis, name: str
+) -> None:
+    """Every permit held elsewhere past the app's timeout: 503 + Retry-After, no partner call."""
+    semaphore = f"{name}:partner"
+    # The partner's URL is never called: no permit is ever free to the app.
+    async with (
+        shop.running(lock_timeout=0.2, partner_limit=1, partner_name=semaphore) as base,
+        session(base) as http,
+        Semaphore(client, semaphore, limit=1, ttl=10.0, timeout=1.0),
+    ):
+        started = time.monotonic()
+        async with http.get("/partner/phone") as resp:
+            assert resp.status == 503, await resp.text()
+            assert resp.headers["Retry-After"] == "1"
+            detail = (await resp.json())["detail"]
+        assert detail.startswith("the partner API is busy, try again later"), detail
+        assert time.monotonic() - started >= 0.15, "answered before the timeout"

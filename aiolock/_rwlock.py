@@ -1,0 +1,341 @@
+"""ReadWriteLock: many readers at once, or one writer; a waiting writer is not starved.
+
+``ReadWriteLock(client, name)`` has two lock objects, :attr:`~ReadWriteLock.reader`
+and :attr:`~ReadWriteLock.writer`, each the lock's engine
+(:class:`~aiolock._holding.LeaseLock`) over a lease of its own kind,
+:class:`RWLease`: every holding, a reader's or the writer's, has its own
+token and lease, renewed, lost, released and undone exactly as an
+``AsyncLock`` holding. On the server the key is a hash of the holders
+(the scripts in :mod:`aiolock._scripts`); readers and writers wait in one
+queue in arrival order (DESIGN.md §3.4), so once a writer waits, the
+readers that come after it wait behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Literal, Never, final
+
+from redis.asyncio import Redis
+
+from . import backoff as _backoff
+from ._checks import UNSET, Unset, check_bool, check_client, check_refused, check_ttl
+from ._exceptions import LockError
+from ._holding import LeaseLock, LockStatistics, current_task
+from ._keys import DEFAULT_PREFIX, Keys, keys_for
+from ._lease import ServerLease
+from ._queue import LocalQueue
+from ._scripts import RW_ACQUIRE, RW_EXTEND, RW_LEAVE, RW_RELEASE, RW_STATE
+from ._timers import Cutoff
+
+if TYPE_CHECKING:
+    from ._lease import Reply
+    from ._types import Client
+
+__all__ = ["RWLease", "RWSide", "ReadWriteLock"]
+
+#: A holding's kind on the server: a reader's or the writer's.
+Kind = Literal["r", "w"]
+
+
+class RWLease(ServerLease):
+    """The lease of a reader's or the writer's holding of a read-write lock on one server.
+
+    The lock's lease with the read-write scripts: every acquisition has a
+    local queue of its own (each waiting task stands in the server's queue
+    itself), the first attempt is the script, and no release hands the
+    lock over locally.
+    """
+
+    __slots__ = ("_calls", "kind")
+
+    _ACQUIRE = RW_ACQUIRE
+    _RELEASE = RW_RELEASE
+    _LEAVE = RW_LEAVE
+    _EXTEND = RW_EXTEND
+
+    def __init__(
+        self, client: Client, name: str, keys: Keys, ttl: float, kind: Kind, *, notify: bool
+    ) -> None:
+        super().__init__(client, name, keys, ttl, notify=notify, fair=True)
+        #: ``"r"`` for the readers' lease, ``"w"`` for the writer's.
+        self.kind = kind
+        self._entry = f"{self._entry_ms}{kind}"
+        self._release_args = (*self._release_args, kind)
+        self.gone = "the holding's lease was over, or its token no longer held"
+        self._calls: list[LocalQueue] = []
+
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+        """A local queue of its own for each acquisition."""
+        queue = super().queue(loop)
+        self._calls = [q for q in self._calls if q.owner is not None] + [queue]
+        return queue
+
+    def waiting(self) -> int:
+        """How many acquisitions through this lease are waiting now."""
+        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
+
+    async def _state(self, token: str) -> tuple[int, bool, int, bool]:
+        readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token,))
+        return int(readers), bool(int(writer)), int(left), bool(int(mine))
+
+    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+        """Ms until the first holder's lease ends (-2: nobody holds), None if unknown."""
+        try:
+            with Cutoff(until, task) as cutoff:
+                _, _, left, _ = await self._state("")
+        except Exception:
+            return None
+        return None if cutoff.expired else left
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, may_yield: bool
+    ) -> Reply | None:
+        """Never handed over locally (each task queues on the server)."""
+        return None
+
+    async def held(self) -> bool:
+        """Whether anyone of this kind holds now (asks the server)."""
+        readers, writer, _, _ = await self._state("")
+        return writer if self.kind == "w" else readers > 0
+
+    async def holds(self, token: str) -> bool:
+        """Whether ``token`` holds now (asks the server)."""
+        _, _, _, mine = await self._state(token)
+        return mine
+
+
+@final
+class RWSide(LeaseLock):
+    """The readers' or the writer's side of a :class:`ReadWriteLock` (``rw.reader``, ``rw.writer``).
+
+    A lock object with ``AsyncLock``'s methods and ``async with``:
+    :meth:`acquire`, :meth:`release`, :meth:`extend`, :meth:`owned`,
+    :meth:`locked` (whether any reader, or the writer, holds now),
+    :attr:`lost`, ``on_lost``, ``cancel_on_lost``. Made by
+    :class:`ReadWriteLock`, not directly.
+    """
+
+    __slots__ = ("_other", "_rw")
+
+    def __init__(self, rw: ReadWriteLock, lease: RWLease, options: dict[str, Any]) -> None:
+        super().__init__(
+            lease,
+            options["ttl"],
+            options["timeout"],
+            options["blocking"],
+            options["backoff"],
+            options["auto_renew"],
+            options["on_lost"],
+            options["cancel_on_lost"],
+            False,
+        )
+        self._rw = rw
+        self._other: RWSide | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"reader"`` or ``"writer"``."""
+        lease = self._lease
+        assert isinstance(lease, RWLease)  # noqa: S101 - made in ReadWriteLock
+        return "reader" if lease.kind == "r" else "writer"
+
+    @property
+    def lock(self) -> ReadWriteLock:
+        """The read-write lock this side belongs to."""
+        return self._rw
+
+    async def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | Unset | None = UNSET,  # noqa: ASYNC109 - a name of the public contract
+    ) -> bool:
+        """Acquire this side; see :meth:`AsyncLock.acquire <aiolock.AsyncLock.acquire>`.
+
+        Raises:
+            LockError: the calling task holds the other side of this
+                ``ReadWriteLock`` object (a reader asking to write, or the
+                writer asking to read, would wait for itself), or already
+                holds this side.
+        """
+        other = self._other
+        if other is not None and other._by_task:
+            task = current_task(other._last)
+            if task in other._by_task:
+                raise LockError(
+                    f"read-write lock {self._name!r}: this task holds its {other.kind} side; "
+                    f"acquiring the {self.kind} side too would wait for itself (release the "
+                    f"{other.kind} side first)"
+                )
+        return await super().acquire(blocking, timeout)
+
+    def statistics(self) -> LockStatistics:
+        """This side as this process sees it, without asking the server.
+
+        ``held``: a task holds this side through this object; ``owner``: the
+        task of the latest such holding; ``tasks_waiting``: acquisitions of
+        this side in progress through this object.
+        """
+        lease = self._lease
+        assert isinstance(lease, RWLease)  # noqa: S101 - made in ReadWriteLock
+        current = self._current
+        return LockStatistics(
+            held=bool(self._by_task) or current is not None,
+            owner=current.task if current is not None else None,
+            tasks_waiting=lease.waiting(),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<ReadWriteLock {self._name!r} {self.kind} key={self.key!r} ttl={self._ttl} "
+            f"held here={len(self._by_task)}>"
+        )
+
+
+@final
+class ReadWriteLock:
+    """A distributed read-write lock on Redis or Valkey: many readers, or one writer.
+
+    ``rw = ReadWriteLock(client, "doc:42")``; then ``async with rw.reader:``
+    (shared with other readers) or ``async with rw.writer:`` (alone).
+    Nothing is sent to the server until a side is acquired.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (Sentinel's ``master_for()`` gives
+            one) or ``redis.asyncio.RedisCluster``.
+        name: the lock's name; the key is ``<prefix>{<name>}``, as for
+            :class:`~aiolock.AsyncLock`. A name in use by another kind of
+            primitive raises :class:`~aiolock.LockError`.
+        ttl: the lease of each holding (a reader's or the writer's) in
+            seconds: how long the server keeps it if its holder dies.
+            Renewal keeps it while the holder lives.
+        timeout: how long ``acquire()`` waits, in seconds; ``None`` waits
+            forever, ``0`` tries once.
+        blocking: ``False`` makes ``acquire()`` try once by default.
+        backoff: the policy for the pause between attempts of a waiter that
+            polls (see :mod:`aiolock.backoff`), or a callable ``attempt -> seconds``.
+        auto_renew: extend each holding's lease every ``ttl/3`` while held.
+        notify: wake waiters by messages, not only by backoff.
+        on_lost: called with the side (``rw.reader`` or ``rw.writer``) when a
+            holding is lost while held; may be a coroutine function.
+        cancel_on_lost: cancel the body of ``async with`` at once when its
+            holding is lost (``LockLostError`` is raised in its place).
+        prefix: the key prefix.
+        fair: accepted for symmetry with ``AsyncLock``: waiters are always
+            served in arrival order.
+
+    ``reentrant``, ``fencing`` and the replica options are refused with a
+    ``TypeError`` that names them.
+
+    **Ownership.** Each ``acquire()`` of a side is a holding of the calling
+    task with a fresh 128-bit token and a lease of its own. Several tasks
+    may hold the reader side at once. A task that holds one side and asks
+    for the other raises :class:`~aiolock.LockError` (it would wait for
+    itself). ``release()`` gives back the calling task's holding (or, from
+    another task, the side's latest: a hand-off). The server only ever
+    extends or removes a holding with the caller's token.
+
+    **Fairness.** Readers and writers wait in one queue on the server, in
+    arrival order, across every task of every process. A writer waits for
+    the readers that hold to leave; once a writer waits, readers that
+    arrive after it wait behind it (no writer starvation), and are let in
+    together when it has left. A holding whose holder died frees the lock
+    when its lease ends.
+
+    **Cancellation.** As ``AsyncLock``: cancelling ``acquire()`` at any
+    ``await`` leaves no holding and no queue entry behind; a grant that
+    came meanwhile goes on to the next waiters. A cancelled ``release()``
+    still completes. Cleanup is bounded by ``min(ttl, 1)`` seconds.
+
+    **Expiry.** The server counts each holding as held until ``ttl`` after
+    its last acquisition or renewal (by its own clock); the holder measures
+    the same lease from when it sent the command, so it declares the
+    holding lost (``lost``, ``on_lost``, ``LockLostError`` on exit) no later
+    than the server drops it. A dead reader does not keep the lock for the
+    others: only its own lease runs out. The key vanishes with its last
+    holder.
+
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
+    argument. :class:`AcquireTimeout` from ``async with`` when the side was
+    not acquired in time. :class:`LockNotOwnedError` from ``release()`` and
+    ``extend()`` when the caller holds nothing; :class:`LockLostError` when
+    the holding was lost while held. :class:`LockError` when the name is in
+    use by another kind of primitive, or a task asks for the other side of
+    what it holds. redis-py's own exceptions propagate unchanged, after the
+    cleanup above.
+    """
+
+    __slots__ = ("_key", "_name", "_ttl", "reader", "writer")
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        blocking: bool = True,
+        backoff: _backoff.Backoff | Callable[[int], float] | None = None,
+        auto_renew: bool = True,
+        notify: bool = True,
+        on_lost: Callable[[RWSide], object] | None = None,
+        cancel_on_lost: bool = False,
+        prefix: str = DEFAULT_PREFIX,
+        fair: bool = False,
+        **refused: Never,
+    ) -> None:
+        check_refused("ReadWriteLock", refused)
+        if client.__class__ is not Redis:
+            client = check_client(client)
+        ttl = check_ttl(ttl)
+        check_bool("notify", notify)
+        check_bool("fair", fair)
+        keys = keys_for(name, prefix, "rw")
+        options = {
+            "ttl": ttl,
+            "timeout": timeout,
+            "blocking": blocking,
+            "backoff": backoff,
+            "auto_renew": auto_renew,
+            "on_lost": on_lost,
+            "cancel_on_lost": cancel_on_lost,
+        }
+        self._name = name
+        self._key = keys.lock
+        self._ttl = ttl
+        #: The readers' side: shared with other readers, never with the writer.
+        self.reader: Final = RWSide(
+            self, RWLease(client, name, keys, ttl, "r", notify=notify), options
+        )
+        #: The writer's side: alone, no reader.
+        self.writer: Final = RWSide(
+            self, RWLease(client, name, keys, ttl, "w", notify=notify), options
+        )
+        self.reader._other = self.writer
+        self.writer._other = self.reader
+
+    @property
+    def name(self) -> str:
+        """The lock's name, as given."""
+        return self._name
+
+    @property
+    def key(self) -> str:
+        """The lock's key: ``<prefix>{<name>}``."""
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds given to each holding."""
+        return self._ttl
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock now, a reader or the writer (asks the server)."""
+        lease = self.reader._lease
+        assert isinstance(lease, RWLease)  # noqa: S101 - made in __init__
+        readers, writer, _, _ = await lease._state("")
+        return writer or readers > 0
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self._name!r} key={self._key!r} ttl={self._ttl}>"

@@ -1,0 +1,294 @@
+"""Semaphore: at most ``limit`` holders at once, across every process.
+
+A semaphore is the lock's engine (:class:`~aiolock._holding.LeaseLock`)
+over a lease of its own, :class:`SemaphoreLease`: each permit is a holding
+with its own token and lease, renewed, lost, released and undone exactly
+as an ``AsyncLock`` holding. On the server the key is a sorted set of the
+permits' tokens, scored with when each lease ends (the scripts in
+:mod:`aiolock._scripts`); waiters queue as the lock's do (DESIGN.md §3.4),
+and a release grants the freed permit to the first live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Never, final
+
+from redis.asyncio import Redis
+
+from . import backoff as _backoff
+from ._checks import check_bool, check_client, check_refused, check_ttl
+from ._holding import LeaseLock, LockStatistics
+from ._keys import DEFAULT_PREFIX, keys_for
+from ._lease import ServerLease
+from ._queue import LocalQueue
+from ._scripts import (
+    SEMAPHORE_ACQUIRE,
+    SEMAPHORE_EXTEND,
+    SEMAPHORE_HANDOVER,
+    SEMAPHORE_LEAVE,
+    SEMAPHORE_RELEASE,
+    SEMAPHORE_STATE,
+)
+from ._timers import Cutoff
+
+if TYPE_CHECKING:
+    from ._keys import Keys
+    from ._lease import Reply
+    from ._types import Client
+
+__all__ = ["Semaphore", "SemaphoreLease"]
+
+
+class SemaphoreLease(ServerLease):
+    """The lease of one permit of a semaphore on one server (or cluster slot).
+
+    The lock's lease with the semaphore's scripts; the first attempt is
+    always the script. With several permits every acquisition has a local
+    queue of its own (each waiting task stands in the server's queue itself,
+    as with ``fair=True``): tasks of one process may hold several permits at
+    once. A semaphore of one permit (unless ``fair``) is a lock: its tasks
+    of one client wait in one local FIFO, only the first stands in the
+    server's queue, and a release hands the permit straight to the next of
+    them (:data:`~aiolock._scripts.SEMAPHORE_HANDOVER`), as ``AsyncLock`` does.
+    """
+
+    __slots__ = ("_calls", "limit", "shared")
+
+    _ACQUIRE = SEMAPHORE_ACQUIRE
+    _RELEASE = SEMAPHORE_RELEASE
+    _LEAVE = SEMAPHORE_LEAVE
+    _EXTEND = SEMAPHORE_EXTEND
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        keys: Keys,
+        ttl: float,
+        limit: int,
+        *,
+        notify: bool,
+        fair: bool = False,
+    ) -> None:
+        shared = limit == 1 and not fair
+        super().__init__(client, name, keys, ttl, notify=notify, fair=not shared)
+        self.bare_first = False  # a SET NX means nothing on a sorted set
+        #: How many permits there are.
+        self.limit = limit
+        #: The tasks of one client wait in one local queue (one permit, not fair).
+        self.shared = shared
+        self._release_args = (*self._release_args, str(limit))
+        self.gone = "the permit's lease was over, or its token no longer held one"
+        # The acquisitions in progress (their local queues), for statistics().
+        self._calls: weakref.WeakSet[LocalQueue] = weakref.WeakSet()
+
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+        """A local queue of its own for each acquisition."""
+        queue = super().queue(loop)
+        self._calls.add(queue)
+        return queue
+
+    def waiting(self) -> int:
+        """How many acquisitions through this lease are waiting now (per-call queues)."""
+        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
+
+    async def _state(self, token: str) -> tuple[int, int, bool]:
+        held, left, mine = await self.wire.run(
+            SEMAPHORE_STATE, (self.key,), (str(self.limit), token)
+        )
+        return int(held), int(left), bool(int(mine))
+
+    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+        """Ms until the first permit's lease ends (-2: one is free), None if unknown."""
+        try:
+            with Cutoff(until, task) as cutoff:
+                _, left, _ = await self._state("")
+        except Exception:
+            return None
+        return None if cutoff.expired else left
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, may_yield: bool
+    ) -> Reply | None:
+        """Give the permit straight to a local waiter of a semaphore of one permit.
+
+        None (the caller releases and the waiter contends) if ``heir`` is not
+        such a semaphore's (an ``AsyncLock`` on the same name and client).
+        """
+        if not (isinstance(heir, SemaphoreLease) and heir.shared and self.shared):
+            return None
+        args = (token, heir_token, heir._ms, *self._release_args, "1" if may_yield else "0")
+        reply = await self.wire.run(SEMAPHORE_HANDOVER, self._acquire_keys, args)
+        return (int(reply[0]), int(reply[1]))
+
+    async def held(self) -> bool:
+        """Whether every permit is taken now (asks the server)."""
+        held, _, _ = await self._state("")
+        return held >= self.limit
+
+    async def holds(self, token: str) -> bool:
+        """Whether ``token`` holds a permit now (asks the server)."""
+        _, _, mine = await self._state(token)
+        return mine
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, got {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit!r}")
+    return limit
+
+
+@final
+class Semaphore(LeaseLock):
+    """A distributed semaphore on Redis or Valkey: at most ``limit`` holders at once.
+
+    ``Semaphore(client, "partner-api", limit=4)`` names one; nothing is sent
+    to the server until a permit is acquired. Use it as ``async with sem:``
+    (waits for a permit, holds it, renews it, gives it back) or with
+    :meth:`acquire` / :meth:`release`. Every holder of one name must use the
+    same ``limit``: each attempt is counted against the limit its caller gave.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (Sentinel's ``master_for()`` gives
+            one) or ``redis.asyncio.RedisCluster``.
+        name: the semaphore's name; the key is ``<prefix>{<name>}``, as for
+            :class:`~aiolock.AsyncLock`. A name in use by another kind of
+            primitive raises :class:`~aiolock.LockError`.
+        limit: how many permits there are: an ``int`` of at least 1.
+        ttl: the lease of each permit in seconds: how long the server keeps
+            it if its holder dies. Renewal keeps it while the holder lives.
+        timeout: how long :meth:`acquire` waits, in seconds; ``None`` waits
+            forever, ``0`` tries once.
+        blocking: ``False`` makes :meth:`acquire` try once by default.
+        backoff: the policy for the pause between attempts of a waiter that
+            polls (see :mod:`aiolock.backoff`), or a callable ``attempt -> seconds``.
+        auto_renew: extend each permit's lease every ``ttl/3`` while held.
+        notify: wake waiters by messages, not only by backoff.
+        on_lost: called with the semaphore when a permit is lost while held;
+            may be a coroutine function.
+        cancel_on_lost: cancel the body of ``async with`` at once when its
+            permit is lost (``LockLostError`` is raised in its place).
+        prefix: the key prefix.
+        fair: serve every ``acquire()`` strictly in call order across every
+            task of every process even with one permit (with several, every
+            waiting task always has an entry of its own on the server).
+
+    ``reentrant``, ``fencing`` and the replica options are refused with a
+    ``TypeError`` that names them.
+
+    **Ownership.** Each :meth:`acquire` takes one permit for the calling
+    task, with a fresh 128-bit token and a lease of its own. Several tasks
+    may hold permits of one ``Semaphore`` object at once; a task that holds
+    one and acquires again raises :class:`~aiolock.LockError`.
+    :meth:`release` gives back the calling task's permit (or, from another
+    task, the object's latest one: a hand-off). The server only ever extends
+    or removes a permit holding the caller's token.
+
+    **Fairness.** Waiters are served in the order they reached the
+    semaphore's queue on the server, across every task of every process: a
+    permit that frees is granted to the first live waiter, which a message
+    wakes (about one round trip), and a new acquisition does not take a
+    free permit ahead of a live waiter. With several permits each waiting
+    task has an entry of its own. With one permit (a lock), the tasks of one
+    process waiting through one client are served first come, first served
+    and only the first of them stands in the server's queue; a release hands
+    the permit to the next of them, and once such a run has lasted 0.1 s, to
+    the server's queue instead if anyone waits there (as ``AsyncLock``;
+    ``fair=True`` gives every task its own entry). A permit whose holder
+    died comes back when its lease ends; a queued waiter looks as it ends.
+
+    **Cancellation.** As ``AsyncLock``: cancelling :meth:`acquire` at any
+    ``await`` leaves no permit and no queue entry behind (an attempt that
+    may have landed is undone with its token; a permit granted meanwhile
+    goes on to the next waiter). A cancelled :meth:`release` still
+    completes. Cleanup is bounded by ``min(ttl, 1)`` seconds.
+
+    **Expiry.** The server counts a permit as held until ``ttl`` after its
+    last acquisition or renewal (by its own clock); the holder measures the
+    same lease from when it sent the command, so it declares the permit lost
+    (:attr:`lost`, ``on_lost``, ``LockLostError`` on exit) no later than
+    the server frees it. The key vanishes with its last permit.
+
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
+    argument (``limit`` not an ``int``, or below 1). :class:`AcquireTimeout`
+    from ``async with`` when no permit came in time.
+    :class:`LockNotOwnedError` from :meth:`release` and :meth:`extend` when
+    the caller holds no permit; :class:`LockLostError` when it was lost
+    while held. :class:`LockError` when the name is in use by another kind
+    of primitive. redis-py's own exceptions propagate unchanged, after the
+    cleanup above.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        limit: int,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        blocking: bool = True,
+        backoff: _backoff.Backoff | Callable[[int], float] | None = None,
+        auto_renew: bool = True,
+        notify: bool = True,
+        on_lost: Callable[[Semaphore], object] | None = None,
+        cancel_on_lost: bool = False,
+        prefix: str = DEFAULT_PREFIX,
+        fair: bool = False,
+        **refused: Never,
+    ) -> None:
+        check_refused("Semaphore", refused)
+        if client.__class__ is not Redis:
+            client = check_client(client)
+        limit = _check_limit(limit)
+        ttl = check_ttl(ttl)
+        check_bool("notify", notify)
+        check_bool("fair", fair)
+        lease = SemaphoreLease(
+            client, name, keys_for(name, prefix, "semaphore"), ttl, limit, notify=notify, fair=fair
+        )
+        super().__init__(
+            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, False
+        )
+
+    @property
+    def limit(self) -> int:
+        """How many permits there are (the ``limit`` given)."""
+        lease = self._lease
+        assert isinstance(lease, SemaphoreLease)  # noqa: S101 - made in __init__
+        return lease.limit
+
+    def statistics(self) -> LockStatistics:
+        """This object's permits as this process sees them, without asking the server.
+
+        ``held``: a task holds a permit through this object; ``owner``: the
+        task that took the latest of them; ``tasks_waiting``: acquisitions
+        in progress through this object (with one permit, not ``fair``:
+        through every semaphore of this client and name, which wait in one
+        local queue). Holders elsewhere are not seen: :meth:`locked` asks
+        the server.
+        """
+        lease = self._lease
+        assert isinstance(lease, SemaphoreLease)  # noqa: S101 - made in __init__
+        if lease.shared:
+            return super().statistics()
+        current = self._current
+        return LockStatistics(
+            held=bool(self._by_task) or current is not None,
+            owner=current.task if current is not None else None,
+            tasks_waiting=lease.waiting(),
+        )
+
+    def __repr__(self) -> str:
+        held = len(self._by_task)
+        return (
+            f"<Semaphore {self._name!r} key={self.key!r} limit={self.limit} ttl={self._ttl} "
+            f"held here={held}>"
+        )
