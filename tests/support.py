@@ -442,3 +442,23 @@ async def cancel_once_the_key_exists(
         for p in proxies:
             p.release_replies()
         await finish(task)
+
+
+# --- other processes -----------------------------------------------------------------------------
+
+#: The checkout's root: other Python processes import its aiolock.
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def start_python(
+    code: str, *args: str, stdout: int | None = None
+) -> asyncio.subprocess.Process:
+    """Run ``code`` with ``args`` in another Python process that imports this checkout's aiolock."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        *args,
+        stdout=stdout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )

@@ -11,17 +11,15 @@ a task cannot wait for itself across the two sides; kinds and arguments.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import sys
 import time
-from pathlib import Path
+from asyncio.subprocess import PIPE
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, eventually, names
+from support import all_keys, eventually, names, start_python
 
 from aiolock import AsyncLock, LockError, ReadWriteLock, Semaphore
 from aiolock.testing import RedisServer
@@ -30,20 +28,6 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: Slack for timing bounds on 2 loaded cores.
 SLACK = 0.3
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-async def python(code: str, *args: str) -> asyncio.subprocess.Process:
-    """Run ``code`` with ``args`` in another Python process (this checkout's aiolock)."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 async def _no_keys(admin: redis.Redis, name: str) -> bool:
@@ -99,7 +83,7 @@ async def test_readers_share_and_writers_exclude_across_three_processes(
     readers' and reads the writers' (it must be 0); a writer increments the
     writers' (it must become 1) and reads the readers' (it must be 0).
     """
-    processes = [await python(WORKER, server.url, name, "2") for _ in range(3)]
+    processes = [await start_python(WORKER, server.url, name, "2", stdout=PIPE) for _ in range(3)]
     try:
         with anyio.fail_after(30):
             outputs = [await p.communicate() for p in processes]
@@ -242,7 +226,7 @@ async def test_a_sigkilled_holder_frees_the_lock_after_its_lease(
     A dead reader does not keep the lock from the other readers meanwhile.
     """
     ttl = 1.5
-    holder = await python(HOLDER, server.url, name, side, str(ttl))
+    holder = await start_python(HOLDER, server.url, name, side, str(ttl), stdout=PIPE)
     try:
         assert holder.stdout is not None
         with anyio.fail_after(10):

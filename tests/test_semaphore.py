@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import random
-import sys
 import time
-from pathlib import Path
+from asyncio.subprocess import PIPE
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, eventually, keys_of, names, names_value
+from support import all_keys, eventually, keys_of, names, names_value, start_python
 
 from aiolock import AsyncLock, LockError, Semaphore, backoff
 from aiolock.testing import RedisServer
@@ -32,20 +30,6 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: Slack for timing bounds on 2 loaded cores.
 SLACK = 0.3
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-async def python(code: str, *args: str) -> asyncio.subprocess.Process:
-    """Run ``code`` with ``args`` in another Python process (this checkout's aiolock)."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 async def holders(admin: redis.Redis, sem: Semaphore) -> list[str]:
@@ -95,7 +79,9 @@ async def test_the_limit_is_reached_and_never_exceeded_across_four_processes(
     returns is how many are inside.
     """
     limit = 3
-    processes = [await python(WORKER, server.url, name, str(limit), "2") for _ in range(4)]
+    processes = [
+        await start_python(WORKER, server.url, name, str(limit), "2", stdout=PIPE) for _ in range(4)
+    ]
     try:
         with anyio.fail_after(30):
             outputs = [await p.communicate() for p in processes]
@@ -229,7 +215,7 @@ async def test_a_sigkilled_holders_permit_comes_back_after_its_lease(
 ) -> None:
     """A holder killed with its permit: the waiter gets it as the lease ends, not before."""
     ttl = 1.5
-    holder = await python(HOLDER, server.url, name, str(ttl))
+    holder = await start_python(HOLDER, server.url, name, str(ttl), stdout=PIPE)
     try:
         assert holder.stdout is not None
         with anyio.fail_after(10):

@@ -13,16 +13,13 @@ and what one hand-off costs the server.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, calls, eventually, keys_of, wait_for_paused_client
+from support import all_keys, calls, eventually, keys_of, start_python, wait_for_paused_client
 
 from aiolock import AsyncLock, backoff
 from aiolock._lease import ENTRY_CAP
@@ -32,20 +29,6 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: Slack for timing bounds on 2 loaded cores.
 SLACK = 0.3
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-async def python(code: str, *args: str, stdout: int | None = None) -> asyncio.subprocess.Process:
-    """Run ``code`` with ``args`` in another Python process that imports this checkout's aiolock."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        code,
-        *args,
-        stdout=stdout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 async def queued(admin: redis.Redis, lock: AsyncLock) -> list[str]:
@@ -116,7 +99,7 @@ async def test_waiters_in_separate_processes_are_served_in_queue_order(
     processes = []
     try:
         for me in ("p2", "p0", "p3", "p1"):
-            processes.append(await python(WAITER_PROCESS, server.url, name, me, mode))
+            processes.append(await start_python(WAITER_PROCESS, server.url, name, me, mode))
             await eventually(
                 lambda: queue_length(admin, holder, len(processes)),
                 "the process queued",
@@ -231,7 +214,7 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
     """
     holder = AsyncLock(client, name, ttl=ttl)
     assert await holder.acquire()
-    dead = await python(DEAD_WAITER, server.url, name, str(ttl))
+    dead = await start_python(DEAD_WAITER, server.url, name, str(ttl))
     nxt = AsyncLock(other_client, name, ttl=ttl)
     waiting: asyncio.Task[bool] | None = None
     try:
@@ -275,7 +258,7 @@ async def test_a_stopped_queued_waiter_delays_the_next_by_the_lease_it_last_saw_
     ttl = 3.0
     holder = AsyncLock(client, name, ttl=ttl)
     assert await holder.acquire()
-    stopped = await python(DEAD_WAITER, server.url, name, str(ttl))
+    stopped = await start_python(DEAD_WAITER, server.url, name, str(ttl))
     nxt = AsyncLock(other_client, name, ttl=ttl)
     waiting: asyncio.Task[bool] | None = None
     try:
@@ -562,7 +545,9 @@ async def test_default_and_fair_locks_mixed_on_one_name_never_overlap(
     on exit; it must read 1 inside every holding.
     """
     processes = [
-        await python(MIXED_WORKER, server.url, name, mode, "2", stdout=asyncio.subprocess.PIPE)
+        await start_python(
+            MIXED_WORKER, server.url, name, mode, "2", stdout=asyncio.subprocess.PIPE
+        )
         for mode in ("default", "fair", "default", "fair")
     ]
     try:
