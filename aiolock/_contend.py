@@ -10,7 +10,7 @@ and a release hands the lock straight to the first live waiter (DESIGN.md
 §3.4). It then waits, sending nothing but a refresh of its entry every
 ``refresh_every`` seconds, for whichever comes first:
 
-* its grant, announced on the lock's channel (:mod:`aiolock._notify`): it
+* its grant, announced on its process's grant channel (:mod:`aiolock._notify`): it
   holds the lock from then on, its lease counted from the latest moment the
   server had shown it still queued (an attempt or a refresh sent then), which
   is before the grant;

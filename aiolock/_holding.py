@@ -294,6 +294,7 @@ class LeaseLock:
         else:
             deadline = started + wait
         call = Call()
+        call.renews = self._auto_renew
         try:
             won = await obtain(
                 self._lease,

@@ -106,7 +106,15 @@ class Call:
     answering costs the call one cleanup bound, not one per step.
     """
 
-    __slots__ = ("_cleanup_end", "attempts", "contended", "queued", "token", "unanswered")
+    __slots__ = (
+        "_cleanup_end",
+        "attempts",
+        "contended",
+        "queued",
+        "renews",
+        "token",
+        "unanswered",
+    )
 
     def __init__(self) -> None:
         #: The token of every attempt of this call (and of its queue entry): 128 random bits.
@@ -115,6 +123,8 @@ class Call:
         self.attempts = 0
         #: An attempt put the caller in the queue on the server (it may still be there).
         self.queued = False
+        #: The holding will be renewed (else a grant must give it its whole lease).
+        self.renews = True
         self.contended = False
         #: How long the latest attempt cut off had waited for its answer (seconds).
         self.unanswered = 0.0
@@ -388,9 +398,9 @@ class ServerLease:
         "_acquire_keys",
         "_cleanup",
         "_contended_until",
-        "_entry",
         "_entry_ms",
         "_fair",
+        "_letter",
         "_listeners",
         "_ms",
         "_notify",
@@ -455,8 +465,9 @@ class ServerLease:
         life = min(ttl, ENTRY_CAP)
         self._entry_ms = to_ms(life)
         # What a grant gives this lock's waiters: a first lease of one entry life (a dead
-        # heir holds the lock no longer), renewed to the full lease like any other.
-        self._entry = f"{self._entry_ms}f" if fencing else str(self._entry_ms)
+        # heir holds the lock no longer), renewed to the full lease like any other. (A
+        # waiter that will not renew asks for its whole lease instead: see _scripted.)
+        self._letter = "f" if fencing else ""
         self.refresh_every = REFRESH_SHARE * life
         self._contended_until = 0.0
         self.gone = "the key was gone or held by another holder"
@@ -482,11 +493,13 @@ class ServerLease:
         """
         if self._fair:
             return LocalQueue({}, self.key, loop)
-        return queue_for(self._queues, self.key, loop)
+        # Keyed by the kind's queue, not the lock key: a lock and a semaphore of one
+        # permit on one name never hand their keys to each other.
+        return queue_for(self._queues, self.keys.queue, loop)
 
     def existing_queue(self) -> LocalQueue | None:
         """The client's local queue for this key, if there is one (it may be idle)."""
-        return None if self._fair else existing_queue(self._queues, self.key)
+        return None if self._fair else existing_queue(self._queues, self.keys.queue)
 
     def generation(self) -> int | None:
         """The release channel's generation if this process listens to it, else None."""
@@ -550,7 +563,7 @@ class ServerLease:
         sending = (
             wire.set_nx(self.key, token, self._ms)
             if bare
-            else self._scripted(token, queue_up, queued, call.attempts)
+            else self._scripted(token, queue_up, queued, call.attempts, call.renews)
         )
         sent = time.monotonic()
         try:
@@ -590,7 +603,9 @@ class ServerLease:
             call.contended = True
         return answer
 
-    async def _scripted(self, token: str, queue_up: bool, queued: bool, number: int) -> Reply:
+    async def _scripted(
+        self, token: str, queue_up: bool, queued: bool, number: int, renews: bool = True
+    ) -> Reply:
         """The acquire script: with fencing, queueing the caller, or with replicas.
 
         ``number`` (the attempt's, in its call) goes into the entry it writes,
@@ -604,7 +619,12 @@ class ServerLease:
                 if self._listeners is None
                 else _notify.grant_tag(self.wire.client, self._release_args[0])
             )
-            entry = f"{self._entry} {number} {tag}" if tag else f"{self._entry} {number}"
+            # A grant's first lease is one entry life, which the heir renews; a waiter that
+            # will not renew (auto_renew=False) asks for its whole lease.
+            ms = self._entry_ms if renews else self._ms
+            entry = f"{ms}{self._letter} {number}"
+            if tag:
+                entry = f"{entry} {tag}"
         args = (
             token,
             self._ms,
@@ -760,7 +780,7 @@ class ServerLease:
         on the server instead, if there is one. An acquisition that replicas
         must acknowledge is taken on the server, not handed over.
         """
-        if not isinstance(heir, ServerLease) or self._replicas or heir._replicas:
+        if type(heir) is not ServerLease or self._replicas or heir._replicas:
             return None
         args = (
             token,

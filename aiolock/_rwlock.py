@@ -61,7 +61,7 @@ class RWLease(ServerLease):
         super().__init__(client, name, keys, ttl, notify=notify, fair=True)
         #: ``"r"`` for the readers' lease, ``"w"`` for the writer's.
         self.kind = kind
-        self._entry = f"{self._entry_ms}{kind}"
+        self._letter = kind
         self._release_args = (*self._release_args, kind)
         self.gone = "the holding's lease was over, or its token no longer held"
         self._calls: list[LocalQueue] = []
@@ -76,15 +76,20 @@ class RWLease(ServerLease):
         """How many acquisitions through this lease are waiting now."""
         return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
 
-    async def _state(self, token: str) -> tuple[int, bool, int, bool]:
-        readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token,))
+    async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
+        readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token, asking))
         return int(readers), bool(int(writer)), int(left), bool(int(mine))
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
-        """Ms until the first holder's lease ends (-2: nobody holds), None if unknown."""
+        """Ms until the first holder's lease ends, None if unknown.
+
+        -2 when this side would be admitted now (nobody holds; for a reader, no
+        writer holds): the waiter then attempts, which grants it, or the waiters
+        queued before it that are still alive (a dead one is dropped).
+        """
         try:
             with Cutoff(until, task) as cutoff:
-                _, _, left, _ = await self._state("")
+                _, _, left, _ = await self._state("", self.kind)
         except Exception:
             return None
         return None if cutoff.expired else left
@@ -112,7 +117,8 @@ class RWSide(LeaseLock):
 
     A lock object with ``AsyncLock``'s methods and ``async with``:
     :meth:`acquire`, :meth:`release`, :meth:`extend`, :meth:`owned`,
-    :meth:`locked` (whether any reader, or the writer, holds now),
+    :meth:`locked` (the reader side: whether any reader holds now; the
+    writer side: whether the writer does),
     :attr:`lost`, ``on_lost``, ``cancel_on_lost``. Made by
     :class:`ReadWriteLock`, not directly.
     """

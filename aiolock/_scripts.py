@@ -189,7 +189,12 @@ local function queue_up(mine, pttl)
     end
     local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
     local length = 0
-    if not had or (ARGV[5] == '1' and not redis.call('LPOS', KEYS[2], ARGV[1])) then
+    -- (A call's first entry: not queued yet. Later: queued unless the list lost it.)
+    local queued = had
+    if ARGV[5] == '1' then
+        queued = redis.call('LPOS', KEYS[2], ARGV[1])
+    end
+    if not queued then
         length = redis.call('RPUSH', KEYS[2], ARGV[1])
     end
     if length == 1 or ARGV[5] == '1' then
@@ -266,7 +271,8 @@ if pttl == -2 then
         end
         return taken()
     end
-    pttl = grant_next(ARGV[7], ARGV[8])
+    -- (Nobody granted: only unreadable entries were queued. Then attempt again.)
+    pttl = grant_next(ARGV[7], ARGV[8]) or -2
 end
 queue_up(mine, pttl)
 return {0, pttl}
@@ -786,6 +792,8 @@ if (not head or next_in_line) and admits(state, kind) then
         redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
     + str(QUEUE_SLACK_MS)
     + """)
+        -- The readers queued right behind a reader come in with it.
+        grant_ready(state, now, ARGV[7], ARGV[8], false)
     end
     return {1, 0}
 end
@@ -866,11 +874,11 @@ local value = redis.call('HGET', KEYS[1], ARGV[1])
 if not value or tonumber(string.sub(value, 2)) <= now then
     return 0
 end
-local state = scan(now)
 local kind = string.sub(value, 1, 1)
 redis.call('HSET', KEYS[1], ARGV[1], kind .. string.format('%d', now + tonumber(ARGV[2])))
-local last = math.max(state[4], now + tonumber(ARGV[2]))
-redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
+-- (After the new end is in: the hash lives as long as its longest lease now.)
+local state = scan(now)
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
     + str(QUEUE_SLACK_MS)
     + """)
@@ -881,8 +889,10 @@ return 1
 # RW_STATE (read only)
 #   KEYS[1]  the holders
 #   ARGV[1]  a token, or ''
+#   ARGV[2]  the asking waiter's kind ('r', 'w'), or ''
 # Returns {readers holding, 1 if a writer holds else 0, ms until the first holder's
-# lease ends (-2: no holder), 1 if the token holds else 0}.
+# lease ends (-2: no holder, or the asking waiter's kind is admitted now: it should
+# attempt, which clears dead waiters queued before it), 1 if the token holds else 0}.
 RW_STATE = Script(
     _NOW
     + """
@@ -906,7 +916,8 @@ for i = 1, #fields, 2 do
     end
 end
 local left = -2
-if first > 0 then
+local admitted = (ARGV[2] == 'r' and writer == 0) or (ARGV[2] == 'w' and first == 0)
+if first > 0 and not admitted then
     left = first - now
 end
 return {readers, writer, left, mine}

@@ -356,3 +356,48 @@ async def test_the_key_lives_as_long_as_its_longest_holding_after_a_release(
     assert 0 < await admin.pttl(key) <= 1000
     await short.reader.release()
     assert await admin.exists(key) == 0
+
+
+async def test_a_dead_writer_queued_first_keeps_readers_out_one_lease_at_most(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Regression (review): a dead writer queued first does not keep readers out past a lease.
+
+    A reader holds; a writer's token sits at the head of the queue with an
+    entry that expires at once (its process died); two readers queue behind
+    it. They get in once the first reader's lease as they saw it ends, at
+    the latest (they look then, and their attempt drops the dead writer).
+    """
+    ttl = 1.5
+    holder = ReadWriteLock(client, name, ttl=ttl)
+    assert await holder.reader.acquire()
+    queue = f"aiolock:{{{name}}}:queue:rw"
+    dead = "0" * 32
+    await admin.rpush(queue, dead)
+    await admin.set(f"{queue}:{dead}", "2000w 1", px=300)
+    readers = [ReadWriteLock(other_client, name, ttl=ttl).reader for _ in range(2)]
+    started = time.monotonic()
+    waits = [asyncio.create_task(r.acquire(timeout=8.0)) for r in readers]
+    try:
+        with anyio.fail_after(8):
+            assert await asyncio.gather(*waits) == [True, True]
+        waited = time.monotonic() - started
+        assert waited <= ttl + SLACK, f"the readers waited {waited:.3f} s"
+        assert await holder.reader.owned()
+    finally:
+        for r in readers:
+            if r.statistics().held:
+                await r.release()
+        await holder.reader.release()
+        await admin.delete(queue)
+
+
+async def test_extending_a_holding_to_a_shorter_lease_shortens_the_keys_life(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Regression (review): extend(ttl=1) of a 10 s reader leaves the key 1 s to live, not 10."""
+    rw = ReadWriteLock(client, name, ttl=10.0, auto_renew=False)
+    async with rw.reader:
+        assert 9000 < await admin.pttl(f"aiolock:{{{name}}}") <= 10_000
+        await rw.reader.extend(ttl=1.0)
+        assert 0 < await admin.pttl(f"aiolock:{{{name}}}") <= 1000

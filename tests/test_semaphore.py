@@ -375,3 +375,38 @@ async def test_the_key_lives_as_long_as_its_longest_permit_after_a_release(
     assert 0 < await admin.pttl(keys_of(long).lock) <= 1000
     await short.release()
     assert await admin.exists(keys_of(long).lock) == 0
+
+
+async def test_a_semaphore_waiting_behind_a_lock_of_its_client_is_not_handed_the_lock(
+    client: redis.Redis, name: str
+) -> None:
+    """Regression (review): a lock and a semaphore of one permit on one client wait apart.
+
+    The semaphore's task goes to the server at once (it does not wait in the
+    lock's local queue to be handed the lock's key), and finds the lock's key.
+    """
+    async with AsyncLock(client, name):
+        with pytest.raises(LockError, match="in use by an AsyncLock"):
+            await Semaphore(client, name, limit=1).acquire(timeout=1.0)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, limit: int
+) -> None:
+    """Regression (review): with auto_renew=False a granted permit lasts ttl, not 2 s."""
+    holders = [Semaphore(client, name, limit=limit) for _ in range(limit)]
+    for holder in holders:
+        assert await holder.acquire()
+    waiter = Semaphore(other_client, name, limit=limit, ttl=5.0, auto_renew=False)
+    waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
+    await eventually(functools.partial(_queue_is, admin, waiter, 1), "the waiter queued")
+    await holders[0].release()
+    with anyio.fail_after(2):
+        assert await waiting
+    await asyncio.sleep(2.3)  # past a first lease of one entry life (2 s)
+    assert not waiter.lost
+    assert await waiter.owned()
+    await waiter.release()
+    for holder in holders[1:]:
+        await holder.release()

@@ -664,3 +664,26 @@ async def test_a_grant_reaches_the_heirs_process_alone_unless_nobody_listens_the
 
 async def _heard(heard: list[str]) -> bool:
     return bool(heard)
+
+
+async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Regression (review): with auto_renew=False a granted lock lasts ttl, not min(ttl, 2 s).
+
+    A grant's first lease is one entry life because the heir renews it; a
+    waiter that will not renew asks for its whole lease instead.
+    """
+    holder = AsyncLock(client, name)
+    assert await holder.acquire()
+    waiter = AsyncLock(other_client, name, ttl=5.0, auto_renew=False)
+    waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
+    await eventually(lambda: queue_length(admin, holder, 1), "the waiter queued")
+    await holder.release()
+    with anyio.fail_after(2):
+        assert await waiting
+    assert 4000 < await admin.pttl(keys_of(holder).lock) <= 5000
+    await asyncio.sleep(2.3)  # past a first lease of one entry life (2 s)
+    assert not waiter.lost
+    assert await waiter.owned()
+    await waiter.release()
