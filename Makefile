@@ -4,8 +4,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two workers, one test module each at a time (module-scoped servers stay in one worker).
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# Extra pytest options for both runs of `make pytest` (e.g. PYTEST_ARGS="-x").
+PYTEST_ARGS ?=
 # Only the source folders that exist (git keeps no empty folder).
 SOURCES := $(wildcard aiolock tests benchmarks examples)
 
@@ -50,8 +50,12 @@ lint: $(VENV)/.dev-installed
 types: $(VENV)/.dev-installed
 	$(BIN)/mypy $(SOURCES)
 
+# Two workers, one test module each at a time (module-scoped servers stay in one
+# worker); then the CPU-heavy modules (marked heavy: other processes) alone, so that
+# they do not load the timing of the others.
 pytest: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not heavy" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 
 test: lint types pytest
 

@@ -19,6 +19,9 @@ import pytest
 
 from aiolock.testing import RedisServer
 
+#: CPU-heavy (other processes): `make test` runs these after the others, one at a time.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIO = """

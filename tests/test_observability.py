@@ -325,11 +325,13 @@ async def test_otel_records_acquisitions_waits_holds_renewals_and_losses(
     metrics: InMemoryMetricReader,
 ) -> None:
     """The OpenTelemetry observer counts outcomes and renewals and times waits and holds."""
-    holder = AsyncLock(other_client, name, ttl=0.3)
+    holder = AsyncLock(other_client, name, ttl=1.0)
     assert await holder.acquire()
     lock = AsyncLock(client, name, ttl=0.3)
-    assert not await lock.acquire(timeout=0.1)  # contended, not acquired
-    await asyncio.sleep(0.2)  # the holder renews at least once
+    # Contended, not acquired. (A wait long enough that its last attempt is answered
+    # on a loaded machine: an attempt with no answer in time raises instead.)
+    assert not await lock.acquire(timeout=0.5)
+    await asyncio.sleep(0.2)  # the holder renews at least once (every ttl/3 = 0.33 s)
     await holder.release()
     async with lock:  # free now: acquired, not contended
         pass
@@ -349,10 +351,10 @@ async def test_otel_records_acquisitions_waits_holds_renewals_and_losses(
         for p in found["aiolock.acquire.duration"]
     }
     assert waits["not_acquired", True].count == 1
-    assert waits["not_acquired", True].min >= 0.1
+    assert waits["not_acquired", True].min >= 0.5
     holds = {p.attributes["aiolock.outcome"]: p for p in found["aiolock.hold.duration"]}
     assert holds["released"].count == 2
-    assert holds["released"].max >= 0.2  # the holder's
+    assert holds["released"].max >= 0.6  # the holder's: the 0.5 s wait and the 0.2 s sleep
     assert holds["lost"].count == 1
     assert sum(p.value for p in found["aiolock.renewals"]) >= 1
     (failures,) = found["aiolock.renewal.failures"]

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+#: CPU-heavy (other processes): `make test` runs these after the others, one at a time.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
