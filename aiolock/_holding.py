@@ -209,9 +209,22 @@ class LeaseLock:
         """Describe the lock as this process sees it, without asking the server.
 
         The view is that of the lock's local queue: every lock object with
-        the same client and name shares it. Holders in other processes (or
-        on other client objects) are not seen; :meth:`locked` asks the server.
+        the same client and name shares it. Where every acquisition waits in
+        a queue of its own (``fair=True``; a semaphore of several permits;
+        a read-write lock's sides), ``held`` and ``owner`` are this object's
+        (its latest holding) and ``tasks_waiting`` counts the acquisitions in
+        progress through objects of this client with the same options.
+        Holders in other processes (or on other client objects) are not
+        seen; :meth:`locked` asks the server.
         """
+        waiting = self._lease.per_call_waiting()
+        if waiting is not None:
+            current = self._current
+            return LockStatistics(
+                held=current is not None or bool(self._by_task),
+                owner=current.task if current is not None else None,
+                tasks_waiting=waiting,
+            )
         queue = self._lease.existing_queue()
         if queue is None:
             return LockStatistics(held=False, owner=None, tasks_waiting=0)

@@ -197,6 +197,10 @@ class Lease(Protocol):
         """The local queue, if there is one (it may be idle)."""
         ...
 
+    def per_call_waiting(self) -> int | None:
+        """How many acquisitions wait in local queues of their own; None: one is shared."""
+        ...
+
     def generation(self) -> int | None:
         """The release channel's generation if this process listens to it, else None."""
         ...
@@ -396,6 +400,7 @@ class ServerLease:
 
     __slots__ = (
         "_acquire_keys",
+        "_calls",
         "_cleanup",
         "_contended_until",
         "_entry_ms",
@@ -476,6 +481,8 @@ class ServerLease:
         self._site = site
         self._queues = site.queues
         self._listeners = site.listeners if notify else None
+        # A fair lease's acquisitions in progress (their local queues), for statistics.
+        self._calls: weakref.WeakSet[LocalQueue] = weakref.WeakSet()
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease: a finite number of seconds, at least 1 ms."""
@@ -492,7 +499,9 @@ class ServerLease:
         the server, each with an entry of its own, not behind each other here.
         """
         if self._fair:
-            return LocalQueue({}, self.key, loop)
+            queue = LocalQueue({}, self.key, loop)
+            self._calls.add(queue)
+            return queue
         # Keyed by the kind's queue, not the lock key: a lock and a semaphore of one
         # permit on one name never hand their keys to each other.
         return queue_for(self._queues, self.keys.queue, loop)
@@ -500,6 +509,12 @@ class ServerLease:
     def existing_queue(self) -> LocalQueue | None:
         """The client's local queue for this key, if there is one (it may be idle)."""
         return None if self._fair else existing_queue(self._queues, self.keys.queue)
+
+    def per_call_waiting(self) -> int | None:
+        """With ``fair``, how many acquisitions wait in their own local queues; else None."""
+        if not self._fair:
+            return None
+        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
 
     def generation(self) -> int | None:
         """The release channel's generation if this process listens to it, else None."""

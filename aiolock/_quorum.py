@@ -146,6 +146,10 @@ class QuorumLease:
         """This lock object's local queue, if there is one (it may be idle)."""
         return self._queues.get(_QUEUE_KEY)
 
+    def per_call_waiting(self) -> None:
+        """None: this lock object's tasks share one local queue."""
+        return None
+
     def generation(self) -> None:
         """No notifications: waiters retry after their backoff pause."""
         return None

@@ -22,10 +22,9 @@ from redis.asyncio import Redis
 from . import backoff as _backoff
 from ._checks import UNSET, Unset, check_bool, check_client, check_refused, check_ttl
 from ._exceptions import LockError
-from ._holding import LeaseLock, LockStatistics, current_task
+from ._holding import LeaseLock, current_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
 from ._lease import ServerLease
-from ._queue import LocalQueue
 from ._scripts import RW_ACQUIRE, RW_EXTEND, RW_LEAVE, RW_RELEASE, RW_STATE
 from ._timers import Cutoff
 
@@ -48,7 +47,7 @@ class RWLease(ServerLease):
     lock over locally.
     """
 
-    __slots__ = ("_calls", "kind")
+    __slots__ = ("kind",)
 
     _ACQUIRE = RW_ACQUIRE
     _RELEASE = RW_RELEASE
@@ -64,17 +63,6 @@ class RWLease(ServerLease):
         self._letter = kind
         self._release_args = (*self._release_args, kind)
         self.gone = "the holding's lease was over, or its token no longer held"
-        self._calls: list[LocalQueue] = []
-
-    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
-        """A local queue of its own for each acquisition."""
-        queue = super().queue(loop)
-        self._calls = [q for q in self._calls if q.owner is not None] + [queue]
-        return queue
-
-    def waiting(self) -> int:
-        """How many acquisitions through this lease are waiting now."""
-        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
 
     async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
         readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token, asking))
@@ -175,22 +163,6 @@ class RWSide(LeaseLock):
                     f"{other.kind} side first)"
                 )
         return await super().acquire(blocking, timeout)
-
-    def statistics(self) -> LockStatistics:
-        """This side as this process sees it, without asking the server.
-
-        ``held``: a task holds this side through this object; ``owner``: the
-        task of the latest such holding; ``tasks_waiting``: acquisitions of
-        this side in progress through this object.
-        """
-        lease = self._lease
-        assert isinstance(lease, RWLease)  # noqa: S101 - made in ReadWriteLock
-        current = self._current
-        return LockStatistics(
-            held=bool(self._by_task) or current is not None,
-            owner=current.task if current is not None else None,
-            tasks_waiting=lease.waiting(),
-        )
 
     def __repr__(self) -> str:
         return (

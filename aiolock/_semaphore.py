@@ -12,7 +12,6 @@ and a release grants the freed permit to the first live one.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Never, final
 
@@ -20,10 +19,9 @@ from redis.asyncio import Redis
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_refused, check_ttl
-from ._holding import LeaseLock, LockStatistics
+from ._holding import LeaseLock
 from ._keys import DEFAULT_PREFIX, keys_for
 from ._lease import ServerLease
-from ._queue import LocalQueue
 from ._scripts import (
     SEMAPHORE_ACQUIRE,
     SEMAPHORE_EXTEND,
@@ -55,7 +53,7 @@ class SemaphoreLease(ServerLease):
     them (:data:`~aiolock._scripts.SEMAPHORE_HANDOVER`), as ``AsyncLock`` does.
     """
 
-    __slots__ = ("_calls", "limit", "shared")
+    __slots__ = ("limit", "shared")
 
     _ACQUIRE = SEMAPHORE_ACQUIRE
     _RELEASE = SEMAPHORE_RELEASE
@@ -82,18 +80,6 @@ class SemaphoreLease(ServerLease):
         self.shared = shared
         self._release_args = (*self._release_args, str(limit))
         self.gone = "the permit's lease was over, or its token no longer held one"
-        # The acquisitions in progress (their local queues), for statistics().
-        self._calls: weakref.WeakSet[LocalQueue] = weakref.WeakSet()
-
-    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
-        """A local queue of its own for each acquisition."""
-        queue = super().queue(loop)
-        self._calls.add(queue)
-        return queue
-
-    def waiting(self) -> int:
-        """How many acquisitions through this lease are waiting now (per-call queues)."""
-        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
 
     async def _state(self, token: str) -> tuple[int, int, bool]:
         held, left, mine = await self.wire.run(
@@ -264,27 +250,6 @@ class Semaphore(LeaseLock):
         lease = self._lease
         assert isinstance(lease, SemaphoreLease)  # noqa: S101 - made in __init__
         return lease.limit
-
-    def statistics(self) -> LockStatistics:
-        """This object's permits as this process sees them, without asking the server.
-
-        ``held``: a task holds a permit through this object; ``owner``: the
-        task that took the latest of them; ``tasks_waiting``: acquisitions
-        in progress through this object (with one permit, not ``fair``:
-        through every semaphore of this client and name, which wait in one
-        local queue). Holders elsewhere are not seen: :meth:`locked` asks
-        the server.
-        """
-        lease = self._lease
-        assert isinstance(lease, SemaphoreLease)  # noqa: S101 - made in __init__
-        if lease.shared:
-            return super().statistics()
-        current = self._current
-        return LockStatistics(
-            held=bool(self._by_task) or current is not None,
-            owner=current.task if current is not None else None,
-            tasks_waiting=lease.waiting(),
-        )
 
     def __repr__(self) -> str:
         held = len(self._by_task)

@@ -687,3 +687,35 @@ async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
     assert not waiter.lost
     assert await waiter.owned()
     await waiter.release()
+
+
+async def test_a_fair_lock_tells_its_holding_and_its_waiters_in_statistics(
+    client: redis.Redis, name: str
+) -> None:
+    """Regression (review): fair=True gives every call a queue of its own; statistics sees them."""
+    lock = AsyncLock(client, name, fair=True)
+    assert lock.statistics().held is False
+    assert await lock.acquire()
+    me = asyncio.current_task()
+    other = AsyncLock(client, name, fair=True)
+    waiting = asyncio.create_task(other.acquire(timeout=5.0))
+    try:
+        await eventually(lambda: _waits(lock, 1), "the other call waits")
+        stats = lock.statistics()
+        assert stats.held is True
+        assert stats.owner is me
+        await lock.release()
+        with anyio.fail_after(2):
+            assert await waiting
+        assert lock.statistics().tasks_waiting == 0
+        assert other.statistics().held is True
+        await other.release()
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        if lock.statistics().held:
+            await lock.release()
+
+
+async def _waits(lock: AsyncLock, count: int) -> bool:
+    return lock.statistics().tasks_waiting == count
