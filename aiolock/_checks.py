@@ -24,6 +24,7 @@ __all__ = [
     "check_bool",
     "check_callback",
     "check_client",
+    "check_max_hold",
     "check_refused",
     "check_seconds",
     "check_timeout",
@@ -131,6 +132,22 @@ def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> floa
     if ttl > MAX_SECONDS:
         raise ValueError(too_long(name, value))
     return ttl
+
+
+def check_max_hold(value: object, ttl: float) -> float | None:
+    """Check a ``max_hold``: ``None`` (no cap) or finite seconds >= ``ttl``."""
+    if value is None:
+        return None
+    cap = check_seconds("max_hold", value)
+    assert cap is not None  # noqa: S101 - allow_none is False
+    if not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"max_hold must be None or a finite number of seconds > 0, got {value!r}")
+    if cap < ttl:
+        raise ValueError(
+            f"max_hold must be at least ttl ({ttl!r} s): the first lease alone lasts ttl, "
+            f"got {value!r}"
+        )
+    return cap
 
 
 def check_bool(name: str, value: object) -> bool:

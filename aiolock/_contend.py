@@ -24,6 +24,11 @@ and a release hands the lock straight to the first live waiter (DESIGN.md
   renewed; a lock left to expire (its holder died) is then taken, or granted
   to the first live waiter, by an attempt.
 
+A key without expiry (``PTTL`` -1) is no aiolock holding: another
+library's lock on a shared key (redis-py's default lock never expires),
+whose release grants nothing. Its waiters poll at their backoff steps,
+staying queued.
+
 A waiter without notifications (``notify=False``, a user without channel
 rights, a pub/sub connection that broke and is not back yet) polls instead:
 it attempts at its backoff steps, capped by the holder's remaining lease (an
@@ -236,7 +241,9 @@ async def _contend(
             if reply is not None and reply[1] == RETRY:
                 continue  # the first, bare attempt failed: the full attempt follows at once
             pttl = reply[1] if reply is not None else -1
-            if call.queued and reply is not None:
+            # A key without expiry (PTTL -1) is not an aiolock holding (every one has a
+            # lease): another library's lock, whose release sends no grant. Poll it.
+            if call.queued and reply is not None and pttl != -1:
                 if subscription is None:
                     subscription = await lease.subscribe(seen)
                 if subscription is not None and subscription.live:

@@ -23,10 +23,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Never, NoReturn, Self
 
 import anyio
 from redis.exceptions import RedisError
@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import finish, honour_cancellation
-from ._checks import UNSET, Unset, check_bool, check_callback, check_timeout
+from ._checks import UNSET, Unset, check_bool, check_callback, check_max_hold, check_timeout
 from ._contend import Won, obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._lease import GRACE, Call, Lease
@@ -49,6 +49,27 @@ logger = logging.getLogger("aiolock")
 
 #: The default backoff policy: exponential with full jitter (one object, checked once).
 _DEFAULT_BACKOFF: Final = _backoff.exponential()
+
+
+def _refuse_redis_py_extend(
+    positional: tuple[object, ...], keywords: Mapping[str, object]
+) -> NoReturn:
+    """The ``TypeError`` for redis-py's ``extend(additional_time, replace_ttl=...)``."""
+    unknown = sorted(set(keywords) - {"additional_time", "replace_ttl"})
+    if unknown:
+        raise TypeError(f"extend() got an unexpected keyword argument {unknown[0]!r}")
+    given = positional[0] if positional else keywords.get("additional_time")
+    if positional or "additional_time" in keywords:
+        raise TypeError(
+            f"extend() takes no additional_time (got {given!r}): redis-py's "
+            "extend(additional_time) adds that many seconds to the lease, aiolock's "
+            "extend(ttl=...) resets the lease to ttl seconds from now (later renewals "
+            "use it too); write extend(ttl=seconds)"
+        )
+    raise TypeError(
+        "extend() takes no replace_ttl: aiolock's extend(ttl=...) always replaces the "
+        "lease, as redis-py's extend(t, replace_ttl=True) does; write extend(ttl=t)"
+    )
 
 
 def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
@@ -98,6 +119,7 @@ class LeaseLock:
         "_current",
         "_last",
         "_lease",
+        "_max_hold",
         "_name",
         "_on_lost",
         "_reentrant",
@@ -117,6 +139,7 @@ class LeaseLock:
         on_lost: Callable[[Any], object] | None,
         cancel_on_lost: bool,
         reentrant: bool,
+        max_hold: float | None,
         /,
     ) -> None:
         """Check the options every primitive has, in the order of its signature.
@@ -146,6 +169,7 @@ class LeaseLock:
         self._on_lost = on_lost
         self._cancel_on_lost = cancel_on_lost
         self._reentrant = reentrant
+        self._max_hold = check_max_hold(max_hold, ttl)
         self._by_task: dict[asyncio.Task[Any], Holding] = {}
         self._current: Holding | None = None
         self._last: Holding | None = None
@@ -175,6 +199,16 @@ class LeaseLock:
     def timeout(self) -> float | None:
         """How long :meth:`acquire` waits by default (``None``: forever)."""
         return self._timeout
+
+    @property
+    def max_hold(self) -> float | None:
+        """The longest one holding may last, in seconds (``None``: no cap).
+
+        Renewal and :meth:`extend` never carry the lease past it; when it
+        runs out the holding is lost (reported as any loss) and the key is
+        freed for the next holder.
+        """
+        return self._max_hold
 
     @property
     def lost(self) -> bool:
@@ -242,10 +276,6 @@ class LeaseLock:
             task = None
         holding = self._by_task.get(task) if task is not None else None
         return holding if holding is not None else self._last
-
-    def _holding_to_release(self, task: asyncio.Task[Any] | None) -> Holding | None:
-        mine = self._by_task.get(task) if task is not None else None
-        return mine if mine is not None else self._current
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -350,6 +380,8 @@ class LeaseLock:
             won.fence if lease.fencing else None,
             queue,
         )
+        if self._max_hold is not None:
+            holding.hold_end = sent + self._max_hold
         queue.holder = task
         if not won.handed:
             queue.run_started = sent
@@ -392,11 +424,12 @@ class LeaseLock:
         if time.monotonic() < holding.lease_end:  # extended meanwhile
             holding.timer = call_at(holding.lease_end, self._lease_over, holding)
             return
-        reason = (
-            "its owner task ended without releasing it and the lease ran out"
-            if holding.task.done()
-            else "the lease ran out (auto_renew is off)"
-        )
+        if holding.task.done():
+            reason = "its owner task ended without releasing it and the lease ran out"
+        elif holding.cap_reached(time.monotonic()):
+            reason = holding.cap_reason()
+        else:
+            reason = "the lease ran out (auto_renew is off)"
         self._declare_lost(holding, reason)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -605,57 +638,96 @@ class LeaseLock:
         queue.give(entry, Turn.CONTEND)
         return bool(reply[0])
 
-    async def extend(self, ttl: float | None = None) -> None:
-        """Reset the lease of the current holding to ``ttl`` seconds from now.
+    async def extend(
+        self, *additional_time: Never, ttl: float | None = None, **redis_py: Never
+    ) -> bool:
+        """Reset the lease of the calling task's holding to ``ttl`` seconds from now.
 
         ``ttl`` defaults to the lock's; a value given here also becomes the
-        lease that later renewals of this holding use.
+        lease that later renewals of this holding use. With ``max_hold`` the
+        lease is cut to end at the cap. Only the task that acquired can
+        extend its holding (a task that merely shares the lock object gets
+        :class:`LockNotOwnedError`, and the holder's lease is left alone).
+
+        The lease argument is keyword-only: redis-py's ``extend(10)`` *adds*
+        10 s to what is left, aiolock's ``extend(ttl=10.0)`` resets the lease
+        to 10 s, so a positional argument (``additional_time``) and
+        redis-py's ``replace_ttl`` are a ``TypeError`` that says so.
+
+        Returns:
+            True (as redis-py's ``extend()``); every failure raises.
 
         Raises:
-            LockNotOwnedError: nothing is held, or the key is no longer ours
-                (the holding is then marked lost).
-            LockLostError: the holding had already been declared lost, or its
-                lease has run out.
+            LockNotOwnedError: the calling task holds nothing here.
+            LockLostError: the holding was lost: declared before, its lease
+                (or its ``max_hold``) ran out, or the server says the key is
+                no longer ours (then ``on_lost`` runs too); another holder's
+                key is never touched.
+            TypeError: a positional argument, ``replace_ttl=``, or ``ttl``
+                not a number.
             ValueError: ``ttl`` is not a lease the lock can ask for.
             redis.exceptions.RedisError: the server failed; the holding keeps
                 its previous lease.
         """
+        if additional_time or redis_py:
+            _refuse_redis_py_extend(additional_time, redis_py)
         lease = self._lease
         new_ttl = self._ttl if ttl is None else lease.check_ttl(ttl)
-        holding = self._holding_to_release(asyncio.current_task())
+        task = asyncio.current_task()
+        holding = self._by_task.get(task) if task is not None else None
         if holding is None or holding.ended:
-            raise LockNotOwnedError(f"lock {self._name!r} is not held")
+            raise LockNotOwnedError(self._not_held_by_caller())
         sent = time.monotonic()
-        if not holding.lost and sent >= holding.lease_end:
-            self._declare_lost(holding, "the lease ran out before extend()")
+        if not holding.lost:
+            if holding.cap_reached(sent):
+                self._declare_lost(holding, holding.cap_reason())
+            elif sent >= holding.lease_end:
+                self._declare_lost(holding, "the lease ran out before extend()")
         if holding.lost:
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-        if not await lease.extend(holding.token, new_ttl):
+        asked = holding.asked(new_ttl, sent)
+        span = lease.counted(asked)
+        if span <= 0:  # too little of the cap left to count a lease
+            self._declare_lost(holding, holding.cap_reason())
+            raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
+        if not await lease.extend(holding.token, asked):
             self._declare_lost(holding, f"{lease.gone} at extend()")
-            raise LockNotOwnedError(
+            raise LockLostError(
                 f"lock {self._name!r} is no longer held by this holder: {lease.gone}; "
                 "other holders' keys were left alone"
             )
         if holding.is_lost():  # declared lost while the extend was in flight
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-        holding.renewed(sent, new_ttl, lease.counted(new_ttl))
+        holding.renewed(sent, new_ttl, span, capped=asked < new_ttl)
         self._event("renewed", holding)
         if not self._auto_renew and holding.timer is not None:
             holding.timer.cancel()
             holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+        return True
+
+    def _not_held_by_caller(self) -> str:
+        """Why ``extend()`` from the calling task finds nothing to extend."""
+        if self._current is None or self._current.ended:
+            return f"lock {self._name!r} is not held"
+        return (
+            f"lock {self._name!r} is not held by this task (another task holds it "
+            "through this object: owned() and extend() answer for the task that "
+            "acquired; release() may end another task's holding)"
+        )
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock now (asks the server)."""
         return await self._lease.held()
 
     async def owned(self) -> bool:
-        """Whether this holder's token is the current one on the server (asks it).
+        """Whether the calling task holds the lock: its token is the current one (asks the server).
 
-        Looks at the calling task's holding, or else the object's current
-        one; False without a round trip when there is none, it was lost, or
-        its lease is over by the holder's clock.
+        False without a round trip when the calling task holds nothing here
+        (even if another task holds it through this object), or its holding
+        was lost, or its lease is over by the holder's clock.
         """
-        holding = self._holding_to_release(asyncio.current_task())
+        task = asyncio.current_task()
+        holding = self._by_task.get(task) if task is not None else None
         if (
             holding is None
             or holding.ended

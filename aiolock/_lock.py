@@ -39,6 +39,12 @@ class AsyncLock(LeaseLock):
         backoff: the policy for the pause between attempts (see
             :mod:`aiolock.backoff`), or a callable ``attempt -> seconds``.
         auto_renew: extend the lease every ``ttl/3`` while held.
+        max_hold: the longest one holding may last, in seconds, renewal or
+            not (``None``: no cap; at least ``ttl``). Renewal and
+            :meth:`extend` never carry the lease past it; when it runs out
+            the holding is lost (``lost``, ``on_lost``, ``cancel_on_lost``,
+            ``LockLostError`` on exit) and the key is freed for the next
+            holder, so a holder that hangs keeps the lock ``max_hold`` at most.
         notify: wake waiters by release notifications, not only by backoff.
         on_lost: called with the lock when the lock is lost while held; may
             be a coroutine function.
@@ -66,9 +72,12 @@ class AsyncLock(LeaseLock):
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
-    :class:`LockError` unless ``reentrant=True``. As with ``asyncio.Lock``,
-    :meth:`release` may be called from another task (a hand-off); it ends the
-    object's current holding. Each acquisition gets a fresh 128-bit token,
+    :class:`LockError` unless ``reentrant=True``. :meth:`owned` and
+    :meth:`extend` answer for the calling task: in a task that did not
+    acquire, ``owned()`` is False and ``extend()`` raises
+    :class:`LockNotOwnedError` without touching the holder's lease. As with
+    ``asyncio.Lock``, :meth:`release` may be called from another task (a
+    hand-off); it ends the object's current holding. Each acquisition gets a fresh 128-bit token,
     and the server only ever deletes or extends a key holding that token.
 
     **Fairness.** Waiters on different client objects (processes) are
@@ -125,6 +134,7 @@ class AsyncLock(LeaseLock):
         on_lost: Callable[[AsyncLock], object] | None = None,
         cancel_on_lost: bool = False,
         reentrant: bool = False,
+        max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
         fencing: bool = False,
         replicas: int = 0,
@@ -170,7 +180,16 @@ class AsyncLock(LeaseLock):
             fair,
         )
         super().__init__(
-            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant
+            lease,
+            ttl,
+            timeout,
+            blocking,
+            backoff,
+            auto_renew,
+            on_lost,
+            cancel_on_lost,
+            reentrant,
+            max_hold,
         )
 
     def __repr__(self) -> str:

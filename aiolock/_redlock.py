@@ -117,6 +117,11 @@ class Redlock(LeaseLock):
             and raise ``LockLostError`` in its place.
         reentrant: count re-acquisitions by the holding task instead of
             refusing them (each needs its own release).
+        max_hold: the longest one holding may last, in seconds, renewal or
+            not (``None``: no cap; at least ``ttl``). Renewal and
+            ``extend()`` never carry the lease past it; when it runs out the
+            holding is lost (reported as any loss) and the key is freed
+            for the next holder.
         prefix: the key prefix, the same on every node.
         node_timeout: the limit in seconds of every node call (acquire,
             extend, release, queries, cleanup), below ``ttl``; by default
@@ -128,7 +133,9 @@ class Redlock(LeaseLock):
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
-    :class:`~aiolock.LockError` unless ``reentrant=True``. As with
+    :class:`~aiolock.LockError` unless ``reentrant=True``. :meth:`owned` and
+    :meth:`extend` answer for the calling task only (False, or
+    :class:`~aiolock.LockNotOwnedError`, in a task that did not acquire). As with
     ``asyncio.Lock``, :meth:`release` may be called from another task (a
     hand-off); it ends the object's current holding. Each attempt uses a
     fresh 128-bit token, and a node only ever deletes or extends a key
@@ -192,6 +199,7 @@ class Redlock(LeaseLock):
         auto_renew: bool = True,
         reentrant: bool = False,
         cancel_on_lost: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         self._clients = _check_clients(clients)
         keys = Keys(name, prefix, tagged=False)  # independent servers: no slots to share
@@ -214,7 +222,16 @@ class Redlock(LeaseLock):
         lease = QuorumLease(nodes, name, self._node_timeout)
         self._quorum = lease.quorum
         super().__init__(
-            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, reentrant
+            lease,
+            ttl,
+            timeout,
+            blocking,
+            backoff,
+            auto_renew,
+            on_lost,
+            cancel_on_lost,
+            reentrant,
+            max_hold,
         )
 
     def __repr__(self) -> str:

@@ -13,7 +13,9 @@ the holding's :class:`~aiolock._lease.Lease`, every ``span/3``. It is
 started lazily at the first renewal point (a short holding
 never needs a task), and it is cancelled and awaited when the holding ends.
 It declares the lock lost when the server says the key is gone or is not
-ours, and also when the lease end arrives before a renewal could be
+ours, when the holding has lasted its cap (``max_hold``: renewals never
+carry the lease past it, and at the cap the watchdog frees the key so the
+next waiter gets it at once), and also when the lease end arrives before a renewal could be
 confirmed (failed calls are retried until then, each bounded by the lease
 end, since redis-py's own retries would otherwise run past it). Any error is
 retried, not only redis-py's: on uvloop a call on a closed transport raises a
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -53,10 +56,12 @@ class Holding:
     __slots__ = (
         "acquired_at",
         "callbacks",
+        "capped",
         "depth",
         "ended",
         "fence",
         "has_baton",
+        "hold_end",
         "lease_end",
         "loss_reason",
         "lost",
@@ -91,6 +96,10 @@ class Holding:
         self.renewed_at = sent
         self.lease_end = sent + span
         self.acquired_at = sent
+        # The end of the holding's cap (max_hold) on the monotonic clock, or infinity;
+        # ``capped``: the lease last asked for ends at the cap (no renewal after it).
+        self.hold_end = math.inf
+        self.capped = False
         self.fence = fence
         self.depth = 1
         self.lost = False
@@ -106,12 +115,30 @@ class Holding:
         """Whether the holding has been declared lost (a method, so checkers re-read it)."""
         return self.lost
 
-    def renewed(self, sent: float, ttl: float, span: float) -> None:
-        """Record a confirmed extend sent at ``sent`` for ``ttl`` s (``span`` s as counted)."""
+    def renewed(self, sent: float, ttl: float, span: float, *, capped: bool = False) -> None:
+        """Record a confirmed extend sent at ``sent`` (``span`` s as counted).
+
+        ``ttl`` is the lease later renewals ask for; ``capped``: the lease
+        asked for was cut to end at the holding's cap.
+        """
         self.ttl = ttl
         self.span = span
         self.renewed_at = sent
         self.lease_end = sent + span
+        self.capped = capped
+
+    def asked(self, ttl: float, now: float) -> float:
+        """The lease to ask for at ``now``: ``ttl``, cut to end at the cap (``max_hold``)."""
+        return min(ttl, self.hold_end - now)
+
+    def cap_reached(self, now: float) -> bool:
+        """Whether the holding has lasted its cap at ``now`` (its last lease ended there)."""
+        return now >= self.hold_end or (self.capped and now >= self.lease_end)
+
+    def cap_reason(self) -> str:
+        """Why a holding that reached its cap is lost."""
+        cap = self.hold_end - self.acquired_at
+        return f"it was held for max_hold={cap:g} s, the cap of one holding"
 
 
 async def keep_alive(
@@ -135,10 +162,16 @@ async def keep_alive(
     task = asyncio.current_task()
     while not (holding.ended or holding.lost):
         now = time.monotonic()
+        if holding.cap_reached(now):
+            await _free_at_cap(holding, lease, declare_lost)
+            return
         if now >= holding.lease_end:
             declare_lost(holding, "the lease ran out before it could be renewed")
             return
-        wake = holding.renewed_at + holding.span / 3
+        if holding.capped:  # the lease ends at the cap: nothing more to renew
+            wake = min(holding.hold_end, holding.lease_end)
+        else:
+            wake = min(holding.renewed_at + holding.span / 3, holding.hold_end)
         if wake > now:
             await anyio.sleep(wake - now)
             await honour_cancellation(task, 0)
@@ -147,15 +180,19 @@ async def keep_alive(
         # Both read now: an extend() that ends while this renewal is in flight changes
         # them, and the renewal's late reply must not mix its lease with the extend's.
         ttl = holding.ttl
-        span = lease.counted(ttl)  # a grant's first lease is shorter; renewals ask for ttl
+        asked = holding.asked(ttl, sent)  # never past the cap
+        span = lease.counted(asked)  # a grant's first lease is shorter; renewals ask for ttl
+        if span <= 0:  # too little left of the cap to count a lease
+            await _free_at_cap(holding, lease, declare_lost)
+            return
         try:
             with anyio.move_on_after(holding.lease_end - sent):
-                ok = await lease.extend(holding.token, ttl)
+                ok = await lease.extend(holding.token, asked)
                 await honour_cancellation(task, 0)
                 if not ok:
                     declare_lost(holding, "the key was gone or held by another holder at renewal")
                     return
-                holding.renewed(sent, ttl, span)
+                holding.renewed(sent, ttl, span, capped=asked < ttl)
                 renewed(holding, None)
                 continue
         except Exception as exc:
@@ -178,3 +215,18 @@ async def keep_alive(
         # The lease end came while the extend was still in flight.
         declare_lost(holding, "the lease ran out while a renewal was still unanswered")
         return
+
+
+async def _free_at_cap(
+    holding: Holding, lease: Lease, declare_lost: Callable[[Holding, str], None]
+) -> None:
+    """The holding reached its cap: declare it lost, then free the key for the next holder.
+
+    Declared first, so the holder stops trusting it before anyone else can
+    take the lock; the key is then deleted with the holding's token (never
+    another holder's), shielded and bounded, and the lock goes on by the
+    grant rule. If the server does not answer, the lease (which ends at the
+    cap) expires the key.
+    """
+    declare_lost(holding, holding.cap_reason())
+    await lease.undo(holding.token)

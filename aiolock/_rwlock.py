@@ -124,6 +124,7 @@ class RWSide(LeaseLock):
             options["on_lost"],
             options["cancel_on_lost"],
             False,
+            options["max_hold"],
         )
         self._rw = rw
         self._other: RWSide | None = None
@@ -199,6 +200,11 @@ class ReadWriteLock:
             holding is lost while held; may be a coroutine function.
         cancel_on_lost: cancel the body of ``async with`` at once when its
             holding is lost (``LockLostError`` is raised in its place).
+        max_hold: the longest one holding may last, in seconds, renewal or
+            not (``None``: no cap; at least ``ttl``). Renewal and
+            ``extend()`` never carry the lease past it; when it runs out the
+            holding is lost (reported as any loss) and the key is freed
+            for the next holder.
         prefix: the key prefix.
         fair: accepted for symmetry with ``AsyncLock``: waiters are always
             served in arrival order.
@@ -211,8 +217,9 @@ class ReadWriteLock:
     may hold the reader side at once. A task that holds one side and asks
     for the other raises :class:`~aiolock.LockError` (it would wait for
     itself). ``release()`` gives back the calling task's holding (or, from
-    another task, the side's latest: a hand-off). The server only ever
-    extends or removes a holding with the caller's token.
+    another task, the side's latest: a hand-off); ``owned()`` and
+    ``extend()`` answer for the calling task's holding only. The server only
+    ever extends or removes a holding with the caller's token.
 
     **Fairness.** Readers and writers wait in one queue on the server, in
     arrival order, across every task of every process. A writer waits for
@@ -259,6 +266,7 @@ class ReadWriteLock:
         notify: bool = True,
         on_lost: Callable[[RWSide], object] | None = None,
         cancel_on_lost: bool = False,
+        max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
         fair: bool = False,
         **refused: Never,
@@ -278,6 +286,7 @@ class ReadWriteLock:
             "auto_renew": auto_renew,
             "on_lost": on_lost,
             "cancel_on_lost": cancel_on_lost,
+            "max_hold": max_hold,
         }
         self._name = name
         self._key = keys.lock

@@ -159,6 +159,11 @@ class Semaphore(LeaseLock):
             may be a coroutine function.
         cancel_on_lost: cancel the body of ``async with`` at once when its
             permit is lost (``LockLostError`` is raised in its place).
+        max_hold: the longest one holding may last, in seconds, renewal or
+            not (``None``: no cap; at least ``ttl``). Renewal and
+            ``extend()`` never carry the lease past it; when it runs out the
+            holding is lost (reported as any loss) and the key is freed
+            for the next holder.
         prefix: the key prefix.
         fair: serve every ``acquire()`` strictly in call order across every
             task of every process even with one permit (with several, every
@@ -172,8 +177,9 @@ class Semaphore(LeaseLock):
     may hold permits of one ``Semaphore`` object at once; a task that holds
     one and acquires again raises :class:`~aiolock.LockError`.
     :meth:`release` gives back the calling task's permit (or, from another
-    task, the object's latest one: a hand-off). The server only ever extends
-    or removes a permit holding the caller's token.
+    task, the object's latest one: a hand-off); :meth:`owned` and
+    :meth:`extend` answer for the calling task's permit only. The server
+    only ever extends or removes a permit holding the caller's token.
 
     **Fairness.** Waiters are served in the order they reached the
     semaphore's queue on the server, across every task of every process: a
@@ -226,6 +232,7 @@ class Semaphore(LeaseLock):
         notify: bool = True,
         on_lost: Callable[[Semaphore], object] | None = None,
         cancel_on_lost: bool = False,
+        max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
         fair: bool = False,
         **refused: Never,
@@ -241,7 +248,16 @@ class Semaphore(LeaseLock):
             client, name, keys_for(name, prefix, "semaphore"), ttl, limit, notify=notify, fair=fair
         )
         super().__init__(
-            lease, ttl, timeout, blocking, backoff, auto_renew, on_lost, cancel_on_lost, False
+            lease,
+            ttl,
+            timeout,
+            blocking,
+            backoff,
+            auto_renew,
+            on_lost,
+            cancel_on_lost,
+            False,
+            max_hold,
         )
 
     @property

@@ -287,6 +287,19 @@ def all_keys(name: str) -> str:
     return f"*{Keys(name, prefix='').lock}*"
 
 
+async def holds_on_server(lock: Any) -> bool:
+    """Whether the object's current holding (whichever task acquired it) is the server's.
+
+    ``owned()`` answers for the calling task only; a test that let another
+    task acquire (a task that may have ended since, leaving the holding to
+    be released by anyone) asks the server about that holding's token here.
+    """
+    holding = lock._current
+    if holding is None or holding.ended or holding.lost:
+        return False
+    return bool(await lock._lease.holds(holding.token))
+
+
 def keys_of(lock: Any, prefix: str = DEFAULT_PREFIX) -> Keys:
     """The key names of ``lock`` (made with ``prefix``), checked against its own ``key``."""
     kind = {"Semaphore": "semaphore", "RWSide": "rw"}.get(type(lock).__name__, "lock")

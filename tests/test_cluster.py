@@ -47,7 +47,7 @@ import redis.asyncio as redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisClusterException, RedisError
-from support import calls, eventually, keys_of, listeners_gone, other_tasks
+from support import calls, eventually, holds_on_server, keys_of, listeners_gone, other_tasks
 
 from aiolock import AsyncLock, LockLostError, ReadWriteLock, Semaphore, backoff
 from aiolock import _scripts as scripts
@@ -955,7 +955,7 @@ async def test_failover_of_the_locks_master(
             finally:
                 await promoted.aclose()
             assert not holder.lost
-            assert await holder.owned()
+            assert await holds_on_server(holder)
             assert not waiting.done(), "the waiter got the lock while it was held"
             release_now.set()
             await asyncio.wait_for(holding, 10.0)

@@ -614,14 +614,49 @@ async def test_renewal_keeps_the_lock_past_its_ttl(subject: Subject) -> None:
 
 
 async def test_extend_resets_the_lease_on_every_server(subject: Subject) -> None:
-    """extend() sets the PTTL back to ttl, extend(ttl=5) to 5 s, on every server."""
+    """extend() sets the PTTL back to ttl, extend(ttl=5) to 5 s, on every server; returns True."""
     lock = subject.make_lock(ttl=1.0, auto_renew=False)
     async with lock:
         await subject.set_lease(lock.key, 200)
-        await lock.extend()
+        assert await lock.extend() is True
         assert all(900 < pttl <= 1000 for pttl in await subject.leases(lock.key))
-        await lock.extend(5.0)
+        assert await lock.extend(ttl=5.0) is True
         assert all(4000 < pttl <= 5000 for pttl in await subject.leases(lock.key))
+        assert not is_lost(lock)
+
+
+async def test_extend_takes_its_lease_by_keyword_only(subject: Subject) -> None:
+    """extend(5.0) (redis-py's "add 5 s") and replace_ttl= are TypeErrors that say so; nothing sent.
+
+    The holder's lease is left as it was, and the lock stays held.
+    """
+    lock = subject.make_lock(ttl=1.0, auto_renew=False)
+    async with lock:
+        await subject.set_lease(lock.key, 800)
+        calls: list[Callable[[], Awaitable[bool]]] = [
+            lambda: lock.extend(5.0),  # type: ignore[arg-type]
+            lambda: lock.extend(additional_time=5.0),  # type: ignore[arg-type]
+            lambda: lock.extend(5.0, replace_ttl=True),  # type: ignore[arg-type]
+        ]
+        for call in calls:
+            with pytest.raises(TypeError, match=r"additional_time.*adds.*resets.*extend\(ttl="):
+                await call()
+        with pytest.raises(TypeError, match=r"replace_ttl.*always replaces.*extend\(ttl="):
+            await lock.extend(ttl=5.0, replace_ttl=True)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="unexpected keyword argument 'seconds'"):
+            await lock.extend(seconds=5.0)  # type: ignore[arg-type]
+        assert all(0 < pttl <= 800 for pttl in await subject.leases(lock.key))
+        assert not is_lost(lock)
+        assert await lock.owned()
+
+
+async def test_extend_sets_the_lease_later_renewals_ask_for(subject: Subject) -> None:
+    """After extend(ttl=0.9) on a ttl=0.3 lock, renewals keep a 0.9 s lease, not 0.3 s."""
+    lock = subject.make_lock(ttl=0.3)
+    async with lock:
+        assert await lock.extend(ttl=0.9)
+        await asyncio.sleep(0.8)  # two renewals of the new lease (every 0.3 s)
+        assert min(await subject.leases(lock.key)) > 400, "a renewal went back to 0.3 s"
         assert not is_lost(lock)
 
 
@@ -639,7 +674,7 @@ async def test_extend_of_a_lock_not_held_raises_and_makes_no_key(subject: Subjec
     assert await lock.acquire()
     await subject.take_away(lock.key, "PEXPIRE 1")
     await eventually(_none_left(subject), "the key to expire")
-    with pytest.raises(LockNotOwnedError):
+    with pytest.raises(LockLostError, match="no longer held by this holder"):
         await lock.extend()
     assert is_lost(lock)
     with pytest.raises(LockLostError):
@@ -966,6 +1001,35 @@ async def test_release_from_another_task_is_a_hand_off(subject: Subject) -> None
     await lock.release()
 
 
+async def test_owned_and_extend_answer_for_the_task_that_acquired(subject: Subject) -> None:
+    """In a task that did not acquire, owned() is False and extend() raises, lease untouched.
+
+    The same while the acquiring task runs and after it ended (its holding
+    then waits for its lease, or for a release from any task).
+    """
+    lock = subject.make_lock(ttl=1.0, auto_renew=False)
+
+    async def other_task_view() -> None:
+        await subject.set_lease(lock.key, 800)
+        assert not await asyncio.create_task(lock.owned())
+        with pytest.raises(LockNotOwnedError, match="not held by this task"):
+            await asyncio.create_task(lock.extend(ttl=5.0))
+        assert all(0 < pttl <= 800 for pttl in await subject.leases(lock.key)), "lease touched"
+
+    assert await lock.acquire()
+    await other_task_view()
+    assert await lock.owned()
+    assert await lock.extend() is True
+    await lock.release()
+
+    assert await asyncio.create_task(lock.acquire())  # the acquiring task ends at once
+    assert not await lock.owned()
+    await other_task_view()
+    assert not is_lost(lock)
+    await lock.release()  # a hand-off still ends it
+    assert await subject.keys_left() == []
+
+
 async def test_reacquire_without_reentrant_raises_at_once(subject: Subject) -> None:
     """A task re-acquiring a non-reentrant lock it holds gets LockError at once, still holding."""
     lock = subject.make_lock()
@@ -1288,6 +1352,123 @@ async def test_body_exception_wins_and_carries_the_loss_as_note(
     assert is_lost(lock)
 
 
+# --- the cap on one holding (max_hold) ------------------------------------------------------------
+
+
+def contender(subject: Subject, lock: Lock) -> Lock:
+    """What waits, in another "process", while ``lock`` holds: a reader's is a writer.
+
+    Redlock's waiters poll (no messages across independent masters): this
+    one every 20 ms, so that its own backoff does not hide when the lock came free.
+    """
+    options: dict[str, Any] = {"backoff": backoff.constant(0.02)} if subject.quorum else {}
+    other = subject.make_lock(process=1, **options)
+    if subject.kind == "Reader":
+        assert isinstance(other, RWSide)
+        return other.lock.writer
+    return other
+
+
+async def test_max_hold_frees_a_hung_holders_lock_within_the_cap_and_a_renewal(
+    subject: Subject,
+) -> None:
+    """A holder that hangs with renewal on loses the lock at max_hold; a waiter elsewhere gets it.
+
+    ttl=0.3, max_hold=0.6: renewals go on (the key outlives its first
+    lease), the holding is declared lost at the cap (``lost``, ``on_lost``,
+    a reason naming max_hold), and a waiter on other clients holds within
+    the cap plus one renewal period (0.1 s) of the acquisition.
+    """
+    others = subject.make_holder(leave=1)  # a semaphore's other permits, held elsewhere
+    assert await others.acquire()
+    losses = LossRecorder()
+    lock = subject.make_lock(ttl=0.3, max_hold=0.6, on_lost=losses.function)
+    assert lock.max_hold == 0.6
+    acquired = asyncio.Event()
+    hang = asyncio.Event()  # never set
+
+    async def hung_holder() -> None:
+        async with lock:
+            acquired.set()
+            await hang.wait()
+
+    holder = asyncio.create_task(hung_holder())
+    await acquired.wait()
+    started = time.monotonic()
+    waiter = contender(subject, lock)
+    try:
+        with anyio.fail_after(3):
+            assert await waiter.acquire(timeout=2.0)
+        took = time.monotonic() - started
+        assert took < 0.6 + 0.1 + SLACK, f"the waiter held {took:.3f} s after the acquisition"
+        assert took > 0.45, f"the waiter held after {took:.3f} s: the lease was not renewed"
+        lost_at = await losses.wait(timeout=1.0)
+        assert lost_at - started < 0.6 + SLACK
+        assert losses.locks == [lock]
+        assert "max_hold" in loss_reason(lock)
+        assert not holder.done(), "the hung body was not meant to be cancelled"
+    finally:
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+    await waiter.release()
+    await others.release()
+    assert await subject.keys_left() == []
+
+
+def loss_reason(lock: Lock) -> str:
+    """The loss reason of the lock's latest holding (what the WARNING and the error say)."""
+    holding = lock._last
+    assert holding is not None
+    return holding.loss_reason
+
+
+async def test_max_hold_with_cancel_on_lost_cancels_the_body_and_raises(subject: Subject) -> None:
+    """cancel_on_lost=True and max_hold=0.5: the body is cancelled at the cap; LockLostError."""
+    lock = subject.make_lock(ttl=0.3, max_hold=0.5, cancel_on_lost=True)
+    started = time.monotonic()
+
+    async def body() -> None:
+        nonlocal started
+        async with lock:
+            started = time.monotonic()
+            await asyncio.sleep(10)
+
+    with pytest.raises(LockLostError, match=r"max_hold=0\.5 s"):
+        await body()
+    took = time.monotonic() - started
+    assert 0.45 < took < 0.5 + SLACK, f"the body was cancelled after {took:.3f} s"
+    await eventually(_none_left(subject), "the key freed at the cap")
+
+
+async def test_renewal_and_extend_never_carry_the_lease_past_max_hold(subject: Subject) -> None:
+    """No PTTL seen while held reaches past acquisition + max_hold; extend() is cut to it too."""
+    lock = subject.make_lock(ttl=0.3, max_hold=0.7)
+
+    async def watch_the_lease() -> None:
+        async with lock:
+            started = time.monotonic()
+            while time.monotonic() - started < 0.9:
+                before = time.monotonic()
+                leases = await subject.leases(lock.key)
+                if leases and min(leases) > 0:
+                    end = before - started + max(leases) / 1000
+                    assert end <= 0.7 + 0.05, f"a lease reached {end:.3f} s past the acquisition"
+                await asyncio.sleep(0.02)
+
+    with pytest.raises(LockLostError):
+        await watch_the_lease()
+    fixed = subject.make_lock(ttl=1.0, max_hold=1.5, auto_renew=False)
+    async with fixed:
+        started = time.monotonic()
+        await asyncio.sleep(0.2)
+        assert await fixed.extend(ttl=5.0) is True
+        left = max(await subject.leases(fixed.key)) / 1000
+        assert left <= 1.5 - (time.monotonic() - started) + 0.02, left
+        assert left > 1.0, left
+    assert await subject.keys_left() == []
+
+
 # --- bad arguments (§1) --------------------------------------------------------------------------
 
 
@@ -1384,6 +1565,16 @@ def _option_cases() -> Iterator[Any]:
         yield pytest.param("on_lost", value, TypeError, repr(value), id=f"on_lost={value!r}")
     for value in [None, 3, 5, b"app:"]:
         yield pytest.param("prefix", value, TypeError, repr(value), id=f"prefix={value!r}")
+    for value, error in [
+        (0, ValueError),
+        (-1, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (9.5, ValueError),  # below the default ttl (10 s): the first lease alone outlasts it
+        ("20", TypeError),
+        (True, TypeError),
+    ]:
+        yield pytest.param("max_hold", value, error, repr(value), id=f"max_hold={value!r}")
 
 
 @pytest.mark.parametrize(("option", "value", "error", "shown"), list(_option_cases()))

@@ -296,11 +296,18 @@ def test_peer_blocks_do_not_use_aiolock(block: Block) -> None:
             assert not any(a.name.startswith("aiolock") for a in node.names), block.where
 
 
-def test_migration_shows_a_before_block_per_peer() -> None:
-    """docs/migration.md has a marked before block for redis-py, pottery and aioredlock."""
-    sources = [b.source for b in PEER_BLOCKS if b.page.name == "migration.md"]
-    for peer in ("redis.exceptions", "pottery", "aioredlock"):
-        assert any(peer in source for source in sources), f"no peer block imports {peer}"
+@pytest.mark.parametrize(
+    ("page", "peers"),
+    [
+        ("migration.md", ("redis.exceptions",)),
+        ("migration-pottery-aioredlock.md", ("pottery", "aioredlock")),
+    ],
+)
+def test_migration_shows_a_before_block_per_peer(page: str, peers: tuple[str, ...]) -> None:
+    """Each migration page has a marked before block for each library it maps."""
+    sources = [b.source for b in PEER_BLOCKS if b.page.name == page]
+    for peer in peers:
+        assert any(peer in source for source in sources), f"no peer block of {page} uses {peer}"
 
 
 # -- the public names are documented -------------------------------------------------------------

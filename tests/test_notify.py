@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from support import calls, eventually, keys_of, listeners_gone
+from support import calls, eventually, holds_on_server, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER
@@ -258,7 +258,7 @@ async def test_release_wakes_a_waiter_on_another_client(
     await asleep_on_notification(admin, lock, waiter)
     await holder.release()
     assert await done_within(waiter, WAKE_BOUND, "the notified waiter holds")
-    assert await lock.owned()
+    assert await holds_on_server(lock)
     await lock.release()
 
 

@@ -259,10 +259,20 @@ def test_acquire_signature() -> None:
 
 
 def test_extend_signature() -> None:
-    """extend(ttl=None): the lease may be given per call, defaulting to the lock's."""
-    parameters = inspect.signature(AsyncLock.extend).parameters
-    assert list(parameters)[1:] == ["ttl"]
+    """extend(*, ttl=None) -> bool: the lease only by keyword, defaulting to the lock's.
+
+    The catch-alls ``*additional_time`` and ``**redis_py`` exist only to
+    refuse redis-py's ``extend(additional_time, replace_ttl=...)`` with a
+    TypeError that says how it maps (tested in test_contract.py).
+    """
+    signature = inspect.signature(AsyncLock.extend)
+    parameters = signature.parameters
+    assert list(parameters)[1:] == ["additional_time", "ttl", "redis_py"]
+    assert parameters["additional_time"].kind is inspect.Parameter.VAR_POSITIONAL
+    assert parameters["ttl"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["ttl"].default is None
+    assert parameters["redis_py"].kind is inspect.Parameter.VAR_KEYWORD
+    assert signature.return_annotation in (bool, "bool")
 
 
 @pytest.mark.parametrize("method", ["release", "locked", "owned"])

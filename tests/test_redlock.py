@@ -719,7 +719,7 @@ async def test_extend_not_above_node_timeout_is_refused(nodes: Nodes) -> None:
     lock = Redlock(nodes.clients(), nodes.name, ttl=1.0, node_timeout=0.1)
     async with lock:
         with pytest.raises(ValueError, match="node_timeout"):
-            await lock.extend(0.1)
+            await lock.extend(ttl=0.1)
     assert await nodes.holders() == {}
 
 
@@ -739,13 +739,18 @@ def test_public_surface_is_documented() -> None:
         "reentrant",
         "prefix",
         "node_timeout",
+        "max_hold",
     ):
         assert parameters[option].kind is inspect.Parameter.KEYWORD_ONLY, option
     assert "notify" not in parameters
     for method in ("acquire", "release", "extend", "locked", "owned", "__aenter__", "__aexit__"):
         assert inspect.iscoroutinefunction(getattr(Redlock, method)), method
     assert list(inspect.signature(Redlock.acquire).parameters)[1:] == ["blocking", "timeout"]
-    assert list(inspect.signature(Redlock.extend).parameters)[1:] == ["ttl"]
+    assert list(inspect.signature(Redlock.extend).parameters)[1:] == [
+        "additional_time",
+        "ttl",
+        "redis_py",
+    ]
     missing = [
         n
         for n in vars(Redlock)

@@ -21,7 +21,15 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, eventually, keys_of, names, names_value, start_python
+from support import (
+    all_keys,
+    eventually,
+    holds_on_server,
+    keys_of,
+    names,
+    names_value,
+    start_python,
+)
 
 from aiolock import AsyncLock, LockError, Semaphore, backoff
 from aiolock.testing import RedisServer
@@ -406,7 +414,7 @@ async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
         assert await waiting
     await asyncio.sleep(2.3)  # past a first lease of one entry life (2 s)
     assert not waiter.lost
-    assert await waiter.owned()
+    assert await holds_on_server(waiter)
     await waiter.release()
     for holder in holders[1:]:
         await holder.release()

@@ -19,7 +19,15 @@ import time
 import anyio
 import pytest
 import redis.asyncio as redis
-from support import all_keys, calls, eventually, keys_of, start_python, wait_for_paused_client
+from support import (
+    all_keys,
+    calls,
+    eventually,
+    holds_on_server,
+    keys_of,
+    start_python,
+    wait_for_paused_client,
+)
 
 from aiolock import AsyncLock, backoff
 from aiolock._lease import ENTRY_CAP
@@ -317,7 +325,7 @@ async def test_a_grant_that_reaches_a_cancelled_waiter_goes_on_to_the_next(
             await waiting_first
         with anyio.fail_after(2):
             assert await waiting_second
-        assert await second.owned()
+        assert await holds_on_server(second)
         await second.release()
         assert await admin.keys(all_keys(name)) == []
     finally:
@@ -594,11 +602,11 @@ async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_curre
                 assert await admin.publish(channel, stale) >= 1
         await asyncio.sleep(0.3)
         assert not waiting.done(), "the waiter took an old grant for its own"
-        assert await holder.owned()
+        assert await holder.owned()  # the test's own task holds it
         await holder.release()
         with anyio.fail_after(2):
             assert await waiting
-        assert await waiter.owned()
+        assert await holds_on_server(waiter)
         await waiter.release()
     finally:
         waiting.cancel()
@@ -685,7 +693,7 @@ async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
     assert 4000 < await admin.pttl(keys_of(holder).lock) <= 5000
     await asyncio.sleep(2.3)  # past a first lease of one entry life (2 s)
     assert not waiter.lost
-    assert await waiter.owned()
+    assert await holds_on_server(waiter)
     await waiter.release()
 
 
