@@ -12,7 +12,7 @@ SOURCES := $(wildcard aiolock tests benchmarks examples)
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: demo test bench soak lint types pytest clean
+.PHONY: demo test bench soak lint types pytest dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ pytest: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 
 test: lint types pytest
+
+# The wheel and the sdist in dist/, checked by twine (the long description renders).
+# tests/test_packaging.py (run by make test) also checks their links and installs the
+# wheel into a fresh venv.
+dist: $(VENV)/.dev-installed
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
