@@ -1,18 +1,19 @@
 # Two commands do all the set-up on a fresh machine with only Python 3 and pip:
 #   make demo   creates .venv, installs aiolock, runs the contention demo on an embedded server
-#   make test   creates .venv, installs the dev extras, runs ruff, mypy --strict and the tests
+#   make test   creates .venv, installs the dev extras, runs ruff, mypy --strict, the tests and
+#               builds the documentation site (make docs)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Extra pytest options for both runs of `make pytest` (e.g. PYTEST_ARGS="-x").
 PYTEST_ARGS ?=
-# Only the source folders that exist (git keeps no empty folder).
-SOURCES := $(wildcard aiolock tests benchmarks examples)
+# Only the source folders that exist (git keeps no empty folder), and the docs site's Python.
+SOURCES := $(wildcard aiolock tests benchmarks examples docs/*.py docs/*/*.py)
 
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: demo test bench soak lint types pytest dist clean
+.PHONY: demo test bench soak lint types pytest docs dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +27,13 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $@ $(VENV)/.demo-installed
 
+$(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@ $(VENV)/.demo-installed $(VENV)/.bench-installed
+	touch $@ $(VENV)/.demo-installed $(VENV)/.bench-installed $(VENV)/.docs-installed
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/aiolock demo $(DEMO_ARGS)
@@ -57,7 +62,14 @@ pytest: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not heavy" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 
-test: lint types pytest
+# The documentation site, docs/_build/html/index.html (Sphinx, furo, myst-parser; docs/conf.py).
+# Every warning is an error (-W), every cross-reference must resolve (-n), and --keep-going
+# reports all of them first; -E reads every page again, so that a page that warned is never
+# skipped as unchanged.
+docs: $(VENV)/.docs-installed
+	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html -d docs/_build/doctrees docs docs/_build/html
+
+test: lint types pytest docs
 
 # The wheel and the sdist in dist/, checked by twine (the long description renders).
 # tests/test_packaging.py (run by make test) also checks their links and installs the
@@ -68,4 +80,4 @@ dist: $(VENV)/.dev-installed
 	$(BIN)/python -m twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis docs/_build

@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 from ._version import __version__
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 _EXIT_RUN = """\
   0        the command exited 0
@@ -325,6 +325,16 @@ def _parser(command_after_dashes: bool = False) -> _Parsers:
     demo.add_argument("--hold", type=_seconds, default=0.001, help="seconds held each time")
     demo.add_argument("--name", default="demo", help="the lock's name")
     return _Parsers(parser, {"run": run, "status": status, "demo": demo})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aiolock`` command's parser, as ``aiolock --help`` shows it.
+
+    The command-line reference of the documentation site (``docs/reference/cli.rst``,
+    sphinx-argparse) is generated from it. ``main`` builds its own, the same
+    but for ``run``'s command when it comes after ``--``.
+    """
+    return _parser().root
 
 
 def _quiet_logging(verbose: bool) -> None:

@@ -647,7 +647,7 @@ class LeaseLock:
         lease that later renewals of this holding use. With ``max_hold`` the
         lease is cut to end at the cap. Only the task that acquired can
         extend its holding (a task that merely shares the lock object gets
-        :class:`LockNotOwnedError`, and the holder's lease is left alone).
+        :class:`~aiolock.LockNotOwnedError`, and the holder's lease is left alone).
 
         The lease argument is keyword-only: redis-py's ``extend(10)`` *adds*
         10 s to what is left, aiolock's ``extend(ttl=10.0)`` resets the lease

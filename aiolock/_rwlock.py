@@ -292,11 +292,11 @@ class ReadWriteLock:
         self._key = keys.lock
         self._ttl = ttl
         #: The readers' side: shared with other readers, never with the writer.
-        self.reader: Final = RWSide(
+        self.reader: Final[RWSide] = RWSide(
             self, RWLease(client, name, keys, ttl, "r", notify=notify), options
         )
         #: The writer's side: alone, no reader.
-        self.writer: Final = RWSide(
+        self.writer: Final[RWSide] = RWSide(
             self, RWLease(client, name, keys, ttl, "w", notify=notify), options
         )
         self.reader._other = self.writer

