@@ -8,12 +8,12 @@ BIN := $(VENV)/bin
 # Extra pytest options for both runs of `make pytest` (e.g. PYTEST_ARGS="-x").
 PYTEST_ARGS ?=
 # Only the source folders that exist (git keeps no empty folder), and the docs site's Python.
-SOURCES := $(wildcard aiolock tests benchmarks examples docs/*.py docs/*/*.py)
+SOURCES := $(wildcard aiolock tests benchmarks examples docs/*.py docs/*/*.py .ci/*.py)
 
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: demo test bench soak lint types pytest docs dist clean
+.PHONY: demo test bench soak lint types pytest docs dist matrix clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,15 @@ dist: $(VENV)/.dev-installed
 	rm -rf dist
 	$(BIN)/python -m build --no-isolation --outdir dist .
 	$(BIN)/python -m twine check --strict dist/*
+
+# The version matrix (.ci/matrix.py): the contract, notification, cluster, replica and
+# queue tests against Redis 6.2, Redis 7.0, Valkey 8.1 and Valkey 9.1 with redis-py 5.2,
+# 6.x, 7.x and 8.x, each fetched into .matrix/ (Redis 7.0 is Debian's redis-server, taken
+# with apt-get download and unpacked, not installed; skipped where apt-get is missing).
+# Writes .matrix/matrix.md. E.g. MATRIX_ARGS=--full for every pair.
+MATRIX_ARGS ?=
+matrix: $(BIN)/python
+	$(BIN)/python .ci/matrix.py $(MATRIX_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis docs/_build

@@ -24,7 +24,7 @@ and a release hands the lock straight to the first live waiter (DESIGN.md
   renewed; a lock left to expire (its holder died) is then taken, or granted
   to the first live waiter, by an attempt.
 
-A key without expiry (``PTTL`` -1) is no aiolock holding: another
+A lock key without expiry (``PTTL`` -1) is no aiolock holding: another
 library's lock on a shared key (redis-py's default lock never expires),
 whose release grants nothing. Its waiters poll at their backoff steps,
 staying queued.
@@ -243,7 +243,11 @@ async def _contend(
             pttl = reply[1] if reply is not None else -1
             # A key without expiry (PTTL -1) is not an aiolock holding (every one has a
             # lease): another library's lock, whose release sends no grant. Poll it.
-            if call.queued and reply is not None and pttl != -1:
+            if (
+                call.queued
+                and reply is not None
+                and not (pttl == -1 and lease.foreign_without_expiry)
+            ):
                 if subscription is None:
                     subscription = await lease.subscribe(seen)
                 if subscription is not None and subscription.live:

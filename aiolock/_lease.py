@@ -36,11 +36,13 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._cancel import run_shielded
 from ._checks import check_ttl, to_ms
+from ._exceptions import LockError
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
 from ._scripts import ACQUIRE, EXTEND, HANDOVER, LEAVE, RELEASE
@@ -170,6 +172,9 @@ class Lease(Protocol):
     queues: bool
     #: A grant heard on the channel is the lock (else the heir confirms it with an attempt).
     accepts_grants: bool
+    #: An attempt's ``-1`` means a key without expiry: no holding of ours (every one has a
+    #: lease) but another library's lock on a shared key, whose release grants nothing.
+    foreign_without_expiry: bool
     #: Seconds between two refreshes of a queued waiter's entry.
     refresh_every: float
     #: Attempts return a fencing number.
@@ -418,6 +423,7 @@ class ServerLease:
         "accepts_grants",
         "bare_first",
         "fencing",
+        "foreign_without_expiry",
         "gone",
         "key",
         "keys",
@@ -467,6 +473,7 @@ class ServerLease:
         self.queues = True
         # A grant sets the key without waiting for replicas: such an heir confirms it.
         self.accepts_grants = not replicas
+        self.foreign_without_expiry = True  # the lock's key is a plain string any SET NX takes
         life = min(ttl, ENTRY_CAP)
         self._entry_ms = to_ms(life)
         # What a grant gives this lock's waiters: a first lease of one entry life (a dead
@@ -667,7 +674,17 @@ class ServerLease:
             if self._replica_fsync
             else ("WAIT", self._replicas, wait_ms)
         )
-        taken, acked = await self.wire.run_then(ACQUIRE, self._acquire_keys, args, then)
+        try:
+            taken, acked = await self.wire.run_then(ACQUIRE, self._acquire_keys, args, then)
+        except ResponseError as exc:
+            if not (self._replica_fsync and "waitaof" in str(exc).lower()):
+                raise
+            # The script ran (the pipeline goes on past a failed command): undo it first.
+            await self.undo(args[0])
+            raise LockError(
+                f"lock {self.name!r}: replica_fsync=True needs the WAITAOF command, which "
+                f"Redis and Valkey have from 7.2 on; this server refused it ({exc})"
+            ) from exc
         count = int(acked[1]) if self._replica_fsync else int(acked)
         if int(taken[0]) and count < self._replicas:
             await self.undo(args[0])

@@ -102,6 +102,7 @@ class QuorumLease:
         "accepts_grants",
         "bare_first",
         "fencing",
+        "foreign_without_expiry",
         "gone",
         "key",
         "name",
@@ -124,6 +125,7 @@ class QuorumLease:
         self.bare_first = True
         self.queues = False
         self.accepts_grants = False
+        self.foreign_without_expiry = True  # (it polls anyway: it does not queue)
         self.refresh_every = math.inf
         self.fencing = False
         self.gone = "a majority of the nodes no longer held our key"

@@ -63,6 +63,8 @@ class RWLease(ServerLease):
         self._letter = kind
         self._release_args = (*self._release_args, kind)
         self.gone = "the holding's lease was over, or its token no longer held"
+        # An attempt's -1 means no lease end known; another library's key is a WRONGTYPE.
+        self.foreign_without_expiry = False
 
     async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
         readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token, asking))

