@@ -936,9 +936,10 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
     server (its queue entry, where the primitive has a queue) is gone within
     ``min(ttl, 2 s)`` + 1 s of the release, and then 10 coroutines of
     another process get at least half the acquisitions per second they got
-    before the waiter came. Before, its waiting marker lived for the whole step
-    (30 s), and that process's local runs kept yielding to the dead waiter
-    (1,934 acquisitions/s fell to ~400).
+    before the waiter came (in the best of three 0.5 s windows). Before,
+    its waiting marker lived for the whole step (30 s), and that process's
+    local runs kept yielding to the dead waiter (1,934 acquisitions/s fell
+    to ~400).
     """
     workers = [subject.make_lock(ttl=10.0) for _ in range(10)]
     baseline = await acquisitions_in(workers, 0.5)
@@ -973,9 +974,14 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
     released = time.monotonic()
     await eventually(_none_left(subject), "the dead waiter's keys to expire", timeout=3.0 + SLACK)
     assert time.monotonic() - released <= min(10.0, ENTRY_CAP) + 1.0
-    after = await acquisitions_in(workers, 0.5)
-    assert after >= baseline / 2, (
-        f"{after} acquisitions in 0.5 s after the death, {baseline} before"
+    # The dead waiter's effect was lasting (its marker lived 30 s): the best of three
+    # windows must reach half the baseline, so that a moment of load on the machine (the
+    # other test worker) is not taken for it.
+    windows: list[int] = []
+    while len(windows) < 3 and (not windows or max(windows) < baseline / 2):
+        windows.append(await acquisitions_in(workers, 0.5))
+    assert max(windows) >= baseline / 2, (
+        f"{windows} acquisitions in 0.5 s windows after the death, {baseline} before"
     )
 
 
