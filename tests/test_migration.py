@@ -402,6 +402,30 @@ async def test_an_old_key_of_the_form_p_n_is_one_lock_for_both(env: Env) -> None
     await patient.release()
 
 
+async def held_after_redis_py_releases(
+    old: RedisPyLock, new: AsyncLock, timeout: float, held_for: float
+) -> tuple[bool, float]:
+    """redis-py takes the shared key; ``new`` waits (up to ``timeout``); redis-py releases.
+
+    Returns whether ``new`` got the lock, and how long after the release.
+    The release comes ``held_for`` seconds after the waiter started, while
+    it must still be waiting; a lock it got is released again here.
+    """
+    assert await old.acquire(blocking=False)
+    waiter = asyncio.create_task(new.acquire(timeout=timeout))
+    try:
+        await asyncio.sleep(held_for)
+        assert not waiter.done(), "aiolock got a key that redis-py holds"
+        await old.release()
+        released = time.monotonic()
+        got = await waiter
+        return got, time.monotonic() - released
+    finally:
+        await finish(waiter)
+        if waiter.done() and not waiter.cancelled() and waiter.result():
+            await new.release()  # from this task: a hand-off
+
+
 @proves("Use the old key if it has the form `P{N}`.")
 async def test_an_aiolock_waiter_gets_a_shared_key_at_its_next_poll_after_redis_py_releases(
     env: Env,
@@ -415,22 +439,9 @@ async def test_an_aiolock_waiter_gets_a_shared_key_at_its_next_poll_after_redis_
     within about 0.5 s. 0.75 s leaves 0.25 s for a loaded machine.
     """
     old = RedisPyLock(env.one, env.tagged)  # timeout=None: no expiry
-    assert await old.acquire(blocking=False)
     new = AsyncLock(env.two, env.name, prefix="")
     deadline = 1.5
-    waiter = asyncio.create_task(new.acquire(timeout=deadline))
-    handoff = None
-    try:
-        await asyncio.sleep(0.3)
-        assert not waiter.done(), "aiolock got a key that redis-py holds"
-        await old.release()
-        released = time.monotonic()
-        got = await waiter
-        handoff = time.monotonic() - released
-    finally:
-        await finish(waiter)
-        if waiter.done() and not waiter.cancelled() and waiter.result():
-            await new.release()  # from this task: a hand-off
+    got, handoff = await held_after_redis_py_releases(old, new, deadline, 0.3)
     assert got, "the waiter never got the lock that redis-py released"
     assert handoff < 0.75, (
         f"the aiolock waiter got the lock {handoff:.3f} s after redis-py released it "
@@ -451,20 +462,8 @@ async def test_a_shared_key_with_a_lease_is_polled_only_without_notifications(
     polls at its backoff steps (50 ms here), each capped by the PTTL.
     """
     old = RedisPyLock(env.one, env.tagged, timeout=1.5)
-    assert await old.acquire(blocking=False)
     new = AsyncLock(env.two, env.name, prefix="", notify=notify, backoff=backoff.constant(0.05))
-    waiter = asyncio.create_task(new.acquire(timeout=3.0))
-    try:
-        await asyncio.sleep(0.2)
-        assert not waiter.done(), "aiolock got a key that redis-py holds"
-        await old.release()
-        released = time.monotonic()
-        got = await waiter
-        handoff = time.monotonic() - released
-    finally:
-        await finish(waiter)
-        if waiter.done() and not waiter.cancelled() and waiter.result():
-            await new.release()  # from this task: a hand-off
+    got, handoff = await held_after_redis_py_releases(old, new, 3.0, 0.2)
     assert got
     if notify:
         assert 1.0 < handoff < 1.3 + 0.4, f"held {handoff:.3f} s after the release"
