@@ -269,6 +269,11 @@ class LeaseLock:
             tasks_waiting=queue.waiting + int(contending),
         )
 
+    def _holding_of_task(self) -> Holding | None:
+        """The calling task's own holding (what ``owned()`` and ``extend()`` act on), or None."""
+        task = asyncio.current_task()
+        return self._by_task.get(task) if task is not None else None
+
     def _holding_of_caller(self) -> Holding | None:
         try:
             task = asyncio.current_task()
@@ -673,8 +678,7 @@ class LeaseLock:
             _refuse_redis_py_extend(additional_time, redis_py)
         lease = self._lease
         new_ttl = self._ttl if ttl is None else lease.check_ttl(ttl)
-        task = asyncio.current_task()
-        holding = self._by_task.get(task) if task is not None else None
+        holding = self._holding_of_task()
         if holding is None or holding.ended:
             raise LockNotOwnedError(self._not_held_by_caller())
         sent = time.monotonic()
@@ -726,8 +730,7 @@ class LeaseLock:
         (even if another task holds it through this object), or its holding
         was lost, or its lease is over by the holder's clock.
         """
-        task = asyncio.current_task()
-        holding = self._by_task.get(task) if task is not None else None
+        holding = self._holding_of_task()
         if (
             holding is None
             or holding.ended
