@@ -83,8 +83,9 @@ from aiolock import (
     backoff,
 )
 from aiolock._checks import MAX_MS, MAX_SECONDS
-from aiolock._lease import ENTRY_CAP
+from aiolock._lease import ENTRY_CAP, ServerLease
 from aiolock._rwlock import RWSide
+from aiolock._wire import MIN_ALLOWANCE
 from aiolock.testing import RedisServer
 
 #: A lock under the contract (a new primitive joins this union).
@@ -821,11 +822,26 @@ async def test_a_free_lock_is_acquired_over_a_slow_link(
 
 
 #: How long past its deadline each fault lets an ``acquire()`` run, by primitive (ttl
-#: 1 s): AsyncLock: the link's allowance (0.1 s on loopback), then one cleanup budget
-#: of min(ttl, 1 s). Redlock (node_timeout ttl/3): the attempt in flight at the
+#: 1 s), besides the link's allowance (:func:`link_allowance`): AsyncLock: one cleanup
+#: budget of min(ttl, 1 s). Redlock (node_timeout ttl/3): the attempt in flight at the
 #: deadline, then its cleanup, each within node_timeout.
-NO_ANSWER_OVERRUN = {"AsyncLock": 0.1 + 1.0, "Redlock": 2 * 1.0 / 3}
+NO_ANSWER_OVERRUN = {"AsyncLock": 1.0, "Redlock": 2 * 1.0 / 3}
 NO_ANSWER_OVERRUN.update(dict.fromkeys(ASYNCIO_ONLY, NO_ANSWER_OVERRUN["AsyncLock"]))
+
+
+def link_allowance(lock: Lock) -> float:
+    """How long past its deadline ``lock`` awaits an attempt in flight (0 for Redlock).
+
+    The wire's estimate from the round trips it saw: 0.1 s on a quiet
+    loopback, more when the machine was loaded as the client connected (a
+    client's first round trip includes its connection's set-up).
+    """
+    if isinstance(lock, Redlock):
+        return 0.0  # its attempts are cut off at node_timeout instead
+    lease = lock._lease
+    assert isinstance(lease, ServerLease), lease
+    wire = lease.wire
+    return wire.allowance if wire.allowance is not None else MIN_ALLOWANCE
 
 
 @pytest.mark.parametrize("fault", ["black hole", "SIGSTOP"])
@@ -868,14 +884,17 @@ async def test_a_server_that_stops_answering_mid_wait_is_told_within_the_bound(
             for srv in subject.servers:
                 srv.pause()
                 stopped.append(srv)
+        allowance = link_allowance(waiter)  # no round trip is observed from here on
         faulted = time.monotonic() - started
         assert faulted < 0.8, f"the fault came late ({faulted:.3f} s)"
         assert not task.done()
         with pytest.raises(RedisTimeoutError, match="did not answer within"):
             await task
         took = time.monotonic() - started
-        bound = 1.0 + NO_ANSWER_OVERRUN[subject.kind]
-        assert 1.0 <= took <= bound + SLACK, f"acquire(timeout=1.0) took {took:.3f} s"
+        bound = 1.0 + allowance + NO_ANSWER_OVERRUN[subject.kind]
+        assert 1.0 <= took <= bound + SLACK, (
+            f"acquire(timeout=1.0) took {took:.3f} s (the link's allowance {allowance:.3f} s)"
+        )
     finally:
         for srv in stopped:
             srv.resume()
@@ -936,7 +955,7 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
     server (its queue entry, where the primitive has a queue) is gone within
     ``min(ttl, 2 s)`` + 1 s of the release, and then 10 coroutines of
     another process get at least half the acquisitions per second they got
-    before the waiter came (in the best of three 0.5 s windows). Before,
+    before the waiter came (in the best of up to eight 0.5 s windows). Before,
     its waiting marker lived for the whole step (30 s), and that process's
     local runs kept yielding to the dead waiter (1,934 acquisitions/s fell
     to ~400).
@@ -974,11 +993,11 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
     released = time.monotonic()
     await eventually(_none_left(subject), "the dead waiter's keys to expire", timeout=3.0 + SLACK)
     assert time.monotonic() - released <= min(10.0, ENTRY_CAP) + 1.0
-    # The dead waiter's effect was lasting (its marker lived 30 s): the best of three
-    # windows must reach half the baseline, so that a moment of load on the machine (the
-    # other test worker) is not taken for it.
+    # The dead waiter's effect was lasting (its marker lived 30 s): one of up to eight
+    # windows (4 s) must reach half the baseline, so that a few seconds of load on the
+    # machine (the other test worker starting processes) are not taken for it.
     windows: list[int] = []
-    while len(windows) < 3 and (not windows or max(windows) < baseline / 2):
+    while len(windows) < 8 and (not windows or max(windows) < baseline / 2):
         windows.append(await acquisitions_in(workers, 0.5))
     assert max(windows) >= baseline / 2, (
         f"{windows} acquisitions in 0.5 s windows after the death, {baseline} before"
