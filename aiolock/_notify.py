@@ -22,7 +22,9 @@ policy; the listener reconnects with backoff, subscribes again, and wakes the
 waiters once more (a release may have been missed meanwhile). If the server
 refuses the subscription (``NOPERM``: a user without rights to the channel),
 the listener logs one WARNING that names the right to grant, stops, and
-waiters poll; it asks again after :data:`REFUSED_RETRY` seconds.
+waiters poll; it asks again after :data:`REFUSED_RETRY` seconds. A cluster
+node without sharded pub/sub (``SSUBSCRIBE``: Redis 7.0, Valkey 7.2) is told
+alike, with one WARNING that names the command and the version it needs.
 
 Generations make missed wake-ups impossible: every event on a channel (a
 release message, a confirmed subscription, a broken connection) bumps its
@@ -64,7 +66,7 @@ import anyio.lowlevel
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoPermissionError, RedisError, SlotNotCoveredError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError, SlotNotCoveredError
 
 from ._timers import call_at
 
@@ -93,6 +95,15 @@ RECONNECT_CAP = 2.0
 REFUSED_RETRY = 60.0
 
 TASK_PREFIX = "aiolock-notify"
+
+
+#: The WARNING for a cluster without sharded pub/sub was logged (once per process).
+_told_unsupported = False
+
+
+def _unknown_command(exc: Exception) -> bool:
+    """Whether ``exc`` is the server's "unknown command" (one too old for it)."""
+    return isinstance(exc, ResponseError) and str(exc).lower().startswith("unknown command")
 
 
 #: How many grants a channel remembers for waiters that expect them late.
@@ -336,6 +347,9 @@ class _Listener:
                     self._refuse(exc)
                     return
                 except Exception as exc:
+                    if self._sharded and _unknown_command(exc):
+                        self._unsupported()
+                        return
                     if failures == 0 or self._confirmed:
                         logger.warning(
                             "aiolock: release notifications interrupted (%r); "
@@ -375,6 +389,23 @@ class _Listener:
             name,
             exc,
             prefix,
+        )
+
+    def _unsupported(self) -> None:
+        """A cluster node without sharded pub/sub: waiters poll; ask again later.
+
+        Told once per process: it is a fact about the servers, not this client.
+        """
+        global _told_unsupported
+        self._refused_until = time.monotonic() + REFUSED_RETRY
+        if _told_unsupported:
+            return
+        _told_unsupported = True
+        logger.warning(
+            "aiolock: the cluster has no sharded pub/sub (SSUBSCRIBE is an unknown "
+            "command), which release notifications on a cluster need (Redis 7.0 or "
+            "later; Valkey 7.2 or later); waiters poll with their backoff policy "
+            "instead. Upgrade the cluster, or make the locks with notify=False"
         )
 
     async def _subscribe_new(self, conn: AbstractConnection) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import inspect
 import os
@@ -28,7 +29,7 @@ from faultproxy import FaultProxy
 
 from aiolock import LockEvent
 from aiolock._keys import DEFAULT_PREFIX, Keys
-from aiolock.testing import RedisServer
+from aiolock.testing import RedisServer, server_version
 
 __all__ = [
     "CALLBACK_KINDS",
@@ -94,6 +95,38 @@ def run_on(
             loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+#: Server features some tests need, and the Redis release that brought each (every Valkey
+#: has them all: Valkey began as Redis 7.2).
+FEATURES = {
+    "sharded pub/sub": (7, 0),  # SSUBSCRIBE, SPUBLISH, PUBSUB SHARDNUMSUB
+    "WAITAOF": (7, 2),
+}
+
+
+@functools.cache
+def server_release() -> tuple[str, tuple[int, int]]:
+    """The test server's name (``redis`` or ``valkey``) and its (major, minor) release."""
+    name, _, version = server_version().partition(" ")
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return name, (major, minor)
+
+
+def has(feature: str) -> bool:
+    """Whether the test server has ``feature`` (a key of :data:`FEATURES`)."""
+    name, release = server_release()
+    return name != "redis" or release >= FEATURES[feature]
+
+
+def needs(feature: str) -> pytest.MarkDecorator:
+    """Skip the test on a server without ``feature`` (``make matrix`` runs older servers)."""
+    name, (major, minor) = server_release()
+    need = ".".join(map(str, FEATURES[feature]))
+    return pytest.mark.skipif(
+        not has(feature),
+        reason=f"needs {feature} (Redis {need}); the server is {name} {major}.{minor}",
+    )
 
 
 def seed() -> int:

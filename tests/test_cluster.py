@@ -40,6 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Final
 
 import pytest
@@ -47,7 +48,16 @@ import redis.asyncio as redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisClusterException, RedisError
-from support import calls, eventually, holds_on_server, keys_of, listeners_gone, other_tasks
+from support import (
+    calls,
+    eventually,
+    has,
+    holds_on_server,
+    keys_of,
+    listeners_gone,
+    needs,
+    other_tasks,
+)
 
 from aiolock import AsyncLock, LockLostError, ReadWriteLock, Semaphore, backoff
 from aiolock import _scripts as scripts
@@ -96,6 +106,12 @@ def direct(node: RedisServer) -> redis.Redis:
     return redis.Redis(host=node.host, port=node.port, decode_responses=True)
 
 
+#: redis-py before 8 leaks a node's pool connection on every write-side error of its
+#: cluster client (redis-py#4110, fixed by #4111; 8.1 has the fix): a failover leaves
+#: connections checked out that no aiolock call holds.
+LEAKS_ON_WRITE_ERRORS: Final = int(version("redis").split(".")[0]) < 8
+
+
 def in_use(client: RedisCluster) -> int:
     """How many connections of ``client``'s node pools are checked out."""
     busy = 0
@@ -124,6 +140,9 @@ class Clients:
         self._tag = tag
         self._made: list[RedisCluster] = []
         self._clusters: list[LocalCluster] = []
+        #: A node died under the clients (a failover test): with redis-py before 8,
+        #: connections its cluster client leaked (:data:`LEAKS_ON_WRITE_ERRORS`) are let be.
+        self.failover = False
 
     def __call__(self, cluster: LocalCluster) -> RedisCluster:
         """A new client of ``cluster`` that knows every node (it has run no command yet)."""
@@ -172,8 +191,9 @@ class Clients:
     async def check_no_leaks(self) -> None:
         assert await other_tasks() == set(), "a task outlived the test"
         assert await listeners_gone(), "a release-notification listener did not stop by itself"
-        for client in self._made:
-            assert in_use(client) == 0, "a connection was left checked out"
+        if not (self.failover and LEAKS_ON_WRITE_ERRORS):
+            for client in self._made:
+                assert in_use(client) == 0, "a connection was left checked out"
         await self._none_left("pubsub", "no pub/sub connection of the test left on any node")
         left: list[str] = []
         for cluster in self._clusters:
@@ -206,19 +226,26 @@ class Clients:
         # redis-py 8.1 also leaks the connections it opens for CLUSTER SLOTS while it
         # re-initializes during a failover: nothing references them but the garbage. Those
         # may be left (then closed here); any other connection of the test is a leak.
+        # (Before 7.0, CLIENT LIST names no subcommand: "cluster".)
+        if self.failover and LEAKS_ON_WRITE_ERRORS:
+            await self._close_lost_connections()  # redis-py lost track of them
         left = await self.connections()
+        slots = ("last command cluster|slots,", "last command cluster,")
         others = {
-            port: [c for c in found if not c.startswith("last command cluster|slots,")]
-            for port, found in left.items()
+            port: [c for c in found if not c.startswith(slots)] for port, found in left.items()
         }
         assert {port: found for port, found in others.items() if found} == {}, (
             f"connections of the test left open: {left}"
         )
+        await self._close_lost_connections()
+        await self._none_left(None, "no connection of the test left on any node")
+
+    async def _close_lost_connections(self) -> None:
+        """Close every connection of the test that is only garbage now."""
         for obj in gc.get_objects():
             if isinstance(obj, AbstractConnection) and obj.client_name == self._tag:
                 with contextlib.suppress(RedisError, OSError):
                     await obj.disconnect()
-        await self._none_left(None, "no connection of the test left on any node")
 
 
 @pytest.fixture
@@ -330,14 +357,16 @@ def assert_lock_commands_clean(port: int, errors: Errors, *, fresh_clients: int 
     ``failed`` (as an ``evalsha`` failure beyond the NOSCRIPTs). A client
     that has not loaded the slot map yet sends its first command to any
     node, which may answer MOVED (redis-py follows it): up to one per
-    ``fresh_clients``.
+    ``fresh_clients``. Before 7.2 the handshake's ``CLIENT SETINFO`` fails
+    too (redis-py ignores it): ``client`` failures are not lock commands.
     """
     rejected = {c: n for c, n in errors.rejected.items() if c not in LISTENER_COMMANDS}
+    failed = {c: n for c, n in errors.failed.items() if c != "client"}
     moved = errors.by_code.get("MOVED", 0)
     assert sum(rejected.values()) == moved <= fresh_clients, (
         f"master {port} refused lock commands: {errors}"
     )
-    assert sum(errors.failed.values()) == errors.by_code.get("NOSCRIPT", 0), (
+    assert sum(failed.values()) == errors.by_code.get("NOSCRIPT", 0), (
         f"master {port}: a lock command failed: {errors}"
     )
 
@@ -573,7 +602,7 @@ async def test_contention_over_names_on_every_master(
         "handover without fence",
         "handover with fence",
         "release",
-        "spublish",
+        *(["spublish"] if has("sharded pub/sub") else []),  # else the waiters poll
         "extend",
         "grant",  # a release (or a long local run) hands the lock to a queued waiter
     ):
@@ -625,6 +654,7 @@ async def cancel(tasks: list[asyncio.Task[bool]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@needs("sharded pub/sub")
 @pytest.mark.parametrize("fencing", [False, True], ids=["bare-set-first", "script-first"])
 async def test_release_wakes_a_fresh_clients_waiter_through_sharded_pubsub(
     cluster: LocalCluster, clients: Clients, tag: str, fencing: bool
@@ -678,6 +708,7 @@ async def test_release_wakes_a_fresh_clients_waiter_through_sharded_pubsub(
         await waiter.release()
 
 
+@needs("sharded pub/sub")
 async def test_waiters_on_several_slots_of_one_master_are_notified(
     cluster: LocalCluster, clients: Clients, tag: str
 ) -> None:
@@ -872,6 +903,7 @@ async def test_failover_of_the_locks_master(
     holder's, and every error on the way is a redis-py error with a message.
     """
     cluster = failover_cluster
+    clients.failover = True
     name, master, replica = await name_on_master_with_replica(cluster, tag)
     holder_client, waiter_client = clients(cluster), clients(cluster)
     holder = AsyncLock(holder_client, name, ttl=ttl, cancel_on_lost=True, fencing=True)

