@@ -19,19 +19,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.demo-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
-$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.bench-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $@ $(VENV)/.demo-installed
 
-$(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.docs-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.dev-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.demo-installed $(VENV)/.bench-installed $(VENV)/.docs-installed
 

@@ -206,15 +206,28 @@ def client(version: str, python: Path | None = None) -> Path:
 
 
 def interpreter(release: str) -> Path | None:
-    """A CPython ``release`` ("3.12") on this machine: on PATH, or one of pyenv's."""
-    found = shutil.which(f"python{release}")
-    if found is not None:
-        return Path(found)
+    """A CPython ``release`` ("3.12") on this machine that runs: on PATH, or one of pyenv's.
+
+    (pyenv's shim for ``python3.12`` is on PATH even where that version is not
+    selected, and then fails: each candidate is asked its version.)
+    """
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    for candidate in sorted(pyenv.glob(f"{release}.*"), reverse=True):
-        binary = candidate / "bin" / f"python{release}"
-        if binary.exists():
-            return binary
+    candidates = [shutil.which(f"python{release}")]
+    candidates += [
+        str(c / "bin" / f"python{release}")
+        for c in sorted(pyenv.glob(f"{release}.*"), reverse=True)
+    ]
+    for candidate in candidates:
+        if candidate is None or not Path(candidate).exists():
+            continue
+        asked = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if asked.returncode == 0 and asked.stdout.strip() == release:
+            return Path(candidate)
     return None
 
 
