@@ -403,7 +403,7 @@ def table(
         for c in clients:
             got = results.get((key, c))
             if got is None:
-                row.append("")
+                row.append("—")  # a pair this run left out
             elif isinstance(got, str):
                 row.append(got)
             else:
@@ -435,7 +435,7 @@ def write_readme(text: str) -> None:
     dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
     when = time.strftime("%Y-%m-%d")
     stamp = f"Run at commit {commit}{' (with changes)' if dirty.stdout.strip() else ''}, {when}."
-    readme.write_text(f"{body[:start]}\n{stamp}\n\n{text}{body[end:]}")
+    readme.write_text(f"{body[:start]}\n{stamp}\n\n{text}\n{body[end:]}")
 
 
 def main() -> None:

@@ -105,6 +105,8 @@ napoleon_attr_annotations = False
 # -- HTML (furo) --------------------------------------------------------------------------------
 
 html_theme = "furo"
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]  # the wide tables of the guide read from the top
 html_title = f"aiolock {release}"
 html_show_sourcelink = False
 html_copy_source = False
