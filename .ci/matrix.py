@@ -193,16 +193,16 @@ def _debian_redis() -> Server:
     return Server("redis-7.0", binary if binary.exists() else None, env)
 
 
-def client(version: str, python: Path | None = None) -> Path:
+def client(version: str, python: Path | None = None, release: str = "") -> Path:
     """The python of the venv with redis-py ``version`` and the test dependencies.
 
-    The venv is made with ``python`` (by default the one running this).
+    The venv is made with ``python``, CPython ``release`` (by default the one
+    running this).
     """
+    packages = [f"redis[hiredis]=={version}", *TEST_DEPS]
     if python is None:
-        return venv(WORK / f"redis-py-{version}", [f"redis[hiredis]=={version}", *TEST_DEPS])
-    release = run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-    where = WORK / f"py{release.stdout.strip()}-redis-py-{version}"
-    return venv(where, [f"redis[hiredis]=={version}", *TEST_DEPS], python=python)
+        return venv(WORK / f"redis-py-{version}", packages)
+    return venv(WORK / f"py{release}-redis-py-{version}", packages, python=python)
 
 
 def interpreter(release: str) -> Path | None:
@@ -501,7 +501,7 @@ def main() -> None:
             print(f"matrix: Python {release} skipped", flush=True)
             continue
         print(f"matrix: Python {release}: {newest.key} x redis-py {clients[-1]} ...", flush=True)
-        outcome = run_cell(client(clients[-1], found), newest, modules)
+        outcome = run_cell(client(clients[-1], found, release), newest, modules)
         by_python[release] = outcome
         print(f"  {outcome.passed} passed, {outcome.failed} failed, {outcome.errors} errors")
         for problem in outcome.problems:
