@@ -71,8 +71,10 @@ async def run_shielded(function: Callable[[], Awaitable[T]], bound: float) -> T:
             if inner.cancelled():
                 raise
             cancelled = cancelled or exc
-        except BaseException:  # noqa: S110 - the outcome is read from `inner` below
-            pass
+        except BaseException:
+            if not inner.done():
+                raise  # not the work's own outcome: a KeyboardInterrupt, say
+            # The work's own error: read from `inner` below.
     if cancelled is not None:
         if not inner.cancelled():
             inner.exception()  # retrieved: the cancellation takes precedence

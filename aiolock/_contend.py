@@ -187,6 +187,11 @@ async def _contend(
         late_since: float | None = None  # since when every attempt went unanswered
         seen: int | None = None
         while True:
+            if subscription is not None and subscription.stale:
+                # The listener stopped reading its channel (the server dropped it):
+                # subscribe again below.
+                subscription.close()
+                subscription = None
             # Note the channel's generation before the attempt: news after this
             # point (a release, a subscription confirmed) means "try again at once".
             if subscription is not None:
@@ -361,8 +366,8 @@ async def _wait_in_queue(
             if lease.accepts_grants and time.monotonic() < proof + span:
                 return Won(call.token, proof, fence, queue, handed=False, span=span)
             return None  # the attempt confirms it (replicas), or finds it too late
-        if news:
-            return None
+        if news or subscription.stale:
+            return None  # (a stale channel: subscribe again, and attempt)
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             return None  # the last attempt at the deadline, then the answer

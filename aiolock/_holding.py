@@ -9,7 +9,12 @@ same way for all of them:
   (:mod:`aiolock._contend`);
 * the holdings per task (``_by_task``), each watched by a timer or a
   renewal task (:mod:`aiolock._renewal`), and reported lost through
-  ``lost``, ``on_lost`` and ``cancel_on_lost``;
+  ``lost``, ``on_lost`` and ``cancel_on_lost``; a holding whose acquiring
+  task ended (``_detached``) stays held and renewed until released, lost,
+  capped, or unreachable (the lock object garbage-collected: ``__del__``);
+* which holding a call acts on (:meth:`LeaseLock._holding_of_task`): the
+  calling task's own, else one of a task it was started from (it inherits
+  that task's context: :data:`_ANCESTORS`), else a detached one;
 * ``release()``, with the hand-over to the next local task where the lease
   can swap tokens in one script; ``extend()``, ``owned()``, ``locked()``;
 * ``async with``, and the observers' events (:mod:`aiolock._observe`).
@@ -18,11 +23,14 @@ same way for all of them:
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -40,7 +48,7 @@ from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedE
 from ._lease import GRACE, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo
-from ._renewal import Holding, keep_alive
+from ._renewal import Holding, keep_alive, never_released, watchdog_ended
 from ._timers import Cutoff, Timer, call_at
 
 __all__ = ["LeaseLock", "LockStatistics", "current_task"]
@@ -49,6 +57,28 @@ logger = logging.getLogger("aiolock")
 
 #: The default backoff policy: exponential with full jitter (one object, checked once).
 _DEFAULT_BACKOFF: Final = _backoff.exponential()
+
+#: The tasks of this context that acquired a lock, outermost first. A task inherits its
+#: creator's context (``asyncio.create_task``, a task group, Starlette's ``call_next``),
+#: so a task started by a holder shares the holder's holdings for ``owned()``,
+#: ``extend()`` and ``release()`` (not for ``acquire()``: it waits like any other task).
+_ANCESTORS: contextvars.ContextVar[tuple[asyncio.Task[Any], ...]] = contextvars.ContextVar(
+    "aiolock_ancestors", default=()
+)
+
+
+def _renewal_due(lock: weakref.ref[LeaseLock], holding: Holding) -> None:
+    """A holding's first renewal is due (its lock held weakly: a dropped one is not kept)."""
+    owner = lock()
+    if owner is not None:
+        owner._start_renewal(holding)
+
+
+def _lease_due(lock: weakref.ref[LeaseLock], holding: Holding) -> None:
+    """A holding's lease end is due (``auto_renew=False``); its lock held weakly."""
+    owner = lock()
+    if owner is not None:
+        owner._lease_over(holding)
 
 
 def _refuse_redis_py_extend(
@@ -111,12 +141,14 @@ class LeaseLock:
     """A primitive's holdings over its lease: the engine under every lock class."""
 
     __slots__ = (
+        "__weakref__",
         "_auto_renew",
         "_backoff",
         "_blocking",
         "_by_task",
         "_cancel_on_lost",
         "_current",
+        "_detached",
         "_last",
         "_lease",
         "_max_hold",
@@ -171,6 +203,8 @@ class LeaseLock:
         self._reentrant = reentrant
         self._max_hold = check_max_hold(max_hold, ttl)
         self._by_task: dict[asyncio.Task[Any], Holding] = {}
+        #: Live holdings whose acquiring task ended, oldest first.
+        self._detached: list[Holding] = []
         self._current: Holding | None = None
         self._last: Holding | None = None
         # The cancel scopes of ``async with`` bodies, per task (cancel_on_lost only).
@@ -269,17 +303,46 @@ class LeaseLock:
             tasks_waiting=queue.waiting + int(contending),
         )
 
-    def _holding_of_task(self) -> Holding | None:
-        """The calling task's own holding (what ``owned()`` and ``extend()`` act on), or None."""
-        task = asyncio.current_task()
-        return self._by_task.get(task) if task is not None else None
+    def _holding_of_task(self, task: asyncio.Task[Any] | None = None) -> Holding | None:
+        """The holding the calling task acts on (``owned()``, ``extend()``), or None.
+
+        Its own; else that of the nearest task it was started from (whose
+        context it inherited) that holds; else the latest detached holding
+        (one whose acquiring task has ended: anyone may act on it).
+        """
+        if task is None:
+            task = asyncio.current_task()
+        by_task = self._by_task
+        holding = by_task.get(task) if task is not None else None
+        if holding is not None:
+            return holding
+        for ancestor in reversed(_ANCESTORS.get()):
+            holding = by_task.get(ancestor)
+            if holding is not None:
+                return holding
+        return self._latest_detached()
+
+    def _latest_detached(self) -> Holding | None:
+        """The latest live holding whose acquiring task ended, or None."""
+        detached = self._detached
+        while detached:
+            holding = detached[-1]
+            if holding.live and not holding.task.get_loop().is_closed():
+                return holding
+            detached.pop()
+            if holding.live:  # its loop closed while it was held
+                never_released(holding, "its event loop was closed while it was held")
+        current = self._current
+        if current is not None and current.live and current.task.done():
+            return current  # detached a moment ago: its task's callback has not run yet
+        return None
 
     def _holding_of_caller(self) -> Holding | None:
         try:
             task = asyncio.current_task()
         except RuntimeError:
             task = None
-        holding = self._by_task.get(task) if task is not None else None
+        holding = self._holding_of_task(task) if task is not None else None
         return holding if holding is not None else self._last
 
     # -- acquire -----------------------------------------------------------------------
@@ -319,6 +382,8 @@ class LeaseLock:
                 raise ValueError("timeout cannot be given with blocking=False")
             wait = check_timeout(timeout)
         task = current_task(self._last)
+        if self._detached:
+            self._latest_detached()  # (forgets those of a closed loop, with a warning)
         mine = self._by_task.get(task)
         if mine is not None:
             if mine.lost:
@@ -377,6 +442,7 @@ class LeaseLock:
         sent = won.sent
         queue = won.queue
         holding = Holding(
+            self._name,
             won.token,
             task,
             lease.ttl,
@@ -393,11 +459,17 @@ class LeaseLock:
         self._by_task[task] = holding
         self._current = holding
         self._last = holding
+        # Tasks this one starts from now on share its holdings (they inherit the context).
+        ancestors = _ANCESTORS.get()
+        if task not in ancestors:
+            _ANCESTORS.set((*ancestors, task))
         # Its first renewal, or the end of its lease (checked again when due: an
-        # attempt's spare timer is due at the first renewal point, maybe earlier).
-        callback = self._start_renewal if self._auto_renew else self._lease_over
+        # attempt's spare timer is due at the first renewal point, maybe earlier). The
+        # timer holds the lock weakly: a lock object dropped while held is collected.
+        callback = _renewal_due if self._auto_renew else _lease_due
+        ref = weakref.ref(self)
         timer = won.timer
-        if timer is not None and timer.reuse(callback, holding):
+        if timer is not None and timer.reuse(callback, ref, holding):
             holding.timer = timer
         else:
             # A grant's first lease is short and counted from before the grant (the
@@ -406,8 +478,7 @@ class LeaseLock:
             # which still leaves a third of the lease for retries.
             share = 2 / 3 if won.span is not None else 1 / 3
             when = sent + holding.span * share if self._auto_renew else holding.lease_end
-            holding.timer = call_at(when, callback, holding, loop=task.get_loop())
-        holding.owner_done = self._task_done
+            holding.timer = call_at(when, callback, ref, holding, loop=task.get_loop())
         task.add_done_callback(self._task_done)
         if logger.isEnabledFor(logging.DEBUG):  # one call, not two, when it is not
             logger.debug("acquired lock %r (fence %s)", self._name, holding.fence)
@@ -417,33 +488,54 @@ class LeaseLock:
 
     def _start_renewal(self, holding: Holding) -> None:
         holding.timer = None
-        if holding.ended or holding.lost:
+        if not holding.live:
             return
-        holding.renewal = asyncio.get_running_loop().create_task(
-            keep_alive(holding, self._lease, self._name, self._declare_lost, self._renewed),
+        renewal = holding.renewal = asyncio.get_running_loop().create_task(
+            keep_alive(holding, self._lease, weakref.ref(self)),
             name=f"aiolock renewal of {self._name!r}",
         )
+        renewal.add_done_callback(functools.partial(watchdog_ended, holding))
 
     def _lease_over(self, holding: Holding) -> None:
         holding.timer = None
         if time.monotonic() < holding.lease_end:  # extended meanwhile
-            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+            holding.timer = call_at(holding.lease_end, _lease_due, weakref.ref(self), holding)
             return
-        if holding.task.done():
-            reason = "its owner task ended without releasing it and the lease ran out"
-        elif holding.cap_reached(time.monotonic()):
+        if holding.cap_reached(time.monotonic()):
             reason = holding.cap_reason()
         else:
             reason = "the lease ran out (auto_renew is off)"
         self._declare_lost(holding, reason)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
-        """The owning task ended while holding: stop renewing, let the lease run out."""
+        """The acquiring task ended while holding: the holding is detached, and goes on.
+
+        It stays held and renewed until it is released (by any task), lost,
+        capped, or unreachable (this lock object collected: :meth:`__del__`).
+        """
         holding = self._by_task.pop(task, None)
-        if holding is None or holding.ended or holding.lost:
+        if holding is None or not holding.live:
             return
-        self._stop_watching(holding)
-        holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+        self._detached.append(holding)
+        if holding.renewal is None and holding.timer is not None and self._auto_renew:
+            # Its watchdog starts now rather than at its first renewal point: a loop
+            # that shuts down cancels tasks, not timers, and the holding must be told.
+            holding.timer.cancel()
+            self._start_renewal(holding)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("lock %r: its acquiring task ended; the holding goes on", self._name)
+
+    def __del__(self) -> None:
+        """Nobody can release this lock's holdings any more: say so, and stop renewing them."""
+        try:
+            holdings = {*self._by_task.values(), *self._detached, self._current}
+        except AttributeError:  # made only in part (its __init__ raised)
+            return
+        for holding in holdings:
+            if holding is not None and holding.live:
+                # (A warning that -W error turns into an exception is Python's to report
+                # here: "Exception ignored in __del__".)
+                never_released(holding, "its lock object was garbage-collected while it was held")
 
     def _stop_watching(self, holding: Holding) -> None:
         if holding.timer is not None:
@@ -503,11 +595,11 @@ class LeaseLock:
             self._stop_watching(holding)
         if self._by_task.get(holding.task) is holding:
             del self._by_task[holding.task]
+            holding.task.remove_done_callback(self._task_done)
+        elif holding in self._detached:
+            self._detached.remove(holding)
         if self._current is holding:
             self._current = None
-        if holding.owner_done is not None:
-            holding.task.remove_done_callback(holding.owner_done)
-            holding.owner_done = None
 
     async def _settle(self, holding: Holding) -> None:
         """Wait for the holding's watchdog and callbacks to finish, even if cancelled meanwhile."""
@@ -525,9 +617,10 @@ class LeaseLock:
     async def release(self) -> None:
         """Release the lock: delete the key if it is still ours and let the next holder in.
 
-        Releases the calling task's holding, or else (a hand-off) the
-        object's current holding. With ``reentrant=True`` only the last of
-        nested releases gives the lock up. Completes even if cancelled.
+        Releases the calling task's holding (see :meth:`extend`), or else (a
+        hand-off) the object's current holding. With ``reentrant=True`` only
+        the last of nested releases gives the lock up. Completes even if
+        cancelled.
 
         Raises:
             LockNotOwnedError: nothing is held.
@@ -542,7 +635,7 @@ class LeaseLock:
 
     async def _release(self, task: asyncio.Task[Any]) -> None:
         """What :meth:`release` does, called from ``task``."""
-        holding = self._by_task.get(task) or self._current
+        holding = self._holding_of_task(task) or self._current
         if holding is None:
             raise LockNotOwnedError(f"lock {self._name!r} is not held")
         if holding.depth > 1 and not holding.lost:
@@ -650,9 +743,11 @@ class LeaseLock:
 
         ``ttl`` defaults to the lock's; a value given here also becomes the
         lease that later renewals of this holding use. With ``max_hold`` the
-        lease is cut to end at the cap. Only the task that acquired can
-        extend its holding (a task that merely shares the lock object gets
-        :class:`~aiolock.LockNotOwnedError`, and the holder's lease is left alone).
+        lease is cut to end at the cap. The holding is the calling task's,
+        one of a task it was started from, or one whose acquiring task has
+        ended; any other task (one that merely shares the lock object) gets
+        :class:`~aiolock.LockNotOwnedError`, and the holder's lease is left
+        alone.
 
         The lease argument is keyword-only: redis-py's ``extend(10)`` *adds*
         10 s to what is left, aiolock's ``extend(ttl=10.0)`` resets the lease
@@ -706,7 +801,7 @@ class LeaseLock:
         self._event("renewed", holding)
         if not self._auto_renew and holding.timer is not None:
             holding.timer.cancel()
-            holding.timer = call_at(holding.lease_end, self._lease_over, holding)
+            holding.timer = call_at(holding.lease_end, _lease_due, weakref.ref(self), holding)
         return True
 
     def _not_held_by_caller(self) -> str:
@@ -726,9 +821,11 @@ class LeaseLock:
     async def owned(self) -> bool:
         """Whether the calling task holds the lock: its token is the current one (asks the server).
 
-        False without a round trip when the calling task holds nothing here
-        (even if another task holds it through this object), or its holding
-        was lost, or its lease is over by the holder's clock.
+        The calling task's holding is its own, one of a task it was started
+        from, or one whose acquiring task has ended (see :meth:`extend`).
+        False without a round trip when there is none (even if another task
+        holds it through this object), or it was lost, or its lease is over
+        by the holder's clock.
         """
         holding = self._holding_of_task()
         if (

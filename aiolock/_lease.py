@@ -34,20 +34,22 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
-from ._cancel import run_shielded
+from ._cancel import finish, run_shielded
 from ._checks import check_ttl, to_ms
 from ._exceptions import LockError
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
-from ._scripts import ACQUIRE, EXTEND, HANDOVER, LEAVE, RELEASE
+from ._scripts import ACQUIRE, EXTEND, HANDOVER, LEAVE, RELEASE, Script
 from ._timers import Cutoff, Timer
-from ._wire import Wire
+from ._wire import ReplyLost, Wire
 
 if TYPE_CHECKING:
     from ._keys import Keys
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLEANUP_BOUND",
+    "CONNECT_GRACE",
     "ENTRY_CAP",
     "GRACE",
     "NOT_HELD",
@@ -73,6 +76,10 @@ logger = logging.getLogger("aiolock")
 GRACE: Final = 0.1
 #: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
 CLEANUP_BOUND: Final = 1.0
+#: How long past its deadline an attempt may wait for a connection to the server when
+#: the client has never had an answer (a server that is down, a port nobody listens
+#: on): then it is abandoned, with nothing sent and nothing to undo.
+CONNECT_GRACE: Final = 0.3
 #: A failed attempt whose holder's lease is unknown (a bare ``SET``): try the full attempt now.
 RETRY: Final = -3
 #: A failed attempt that nobody else's holding explains (replicas did not acknowledge
@@ -91,6 +98,15 @@ _CONTENDED_HINT: Final = 0.05
 
 #: What an attempt answers: ``(1, fence)`` or ``(0, code)`` (see the module docs).
 Reply = tuple[int, int]
+
+#: What an acquire script checks before it tries (its ``ARGV[5]``). QUEUED: the caller
+#: may be queued, or granted the lock: it looks at the key and at the queue. LOOK: it
+#: looks at the key (another kind's fails with ``WRONGTYPE``; its own token, left by an
+#: earlier run whose reply was lost, is the lock). KNOWN: nothing to look at (the key is
+#: a lock's and someone else's, as after a release of the caller's that handed it on).
+QUEUED: Final = "1"
+LOOK: Final = "2"
+KNOWN: Final = "0"
 
 
 @final
@@ -113,6 +129,7 @@ class Call:
         "attempts",
         "contended",
         "queued",
+        "reached",
         "renews",
         "token",
         "unanswered",
@@ -130,6 +147,9 @@ class Call:
         self.contended = False
         #: How long the latest attempt cut off had waited for its answer (seconds).
         self.unanswered = 0.0
+        #: The latest attempt may have reached the server (it went out on a connection);
+        #: one that did not has nothing to undo (see :class:`~aiolock._wire.Trace`).
+        self.reached = False
         self._cleanup_end: float | None = None
 
     def cleanup(self, bound: float) -> float:
@@ -582,35 +602,54 @@ class ServerLease:
         queued = call.queued
         if queue_up and not bare:
             call.queued = True  # from now on it may be queued (the undo takes it out)
-        sending = (
-            wire.set_nx(self.key, token, self._ms)
-            if bare
-            else self._scripted(token, queue_up, queued, call.attempts, call.renews)
-        )
+        call.reached = False
+        if bare:
+            sending: Awaitable[Any] = wire.set_nx(self.key, token, self._ms, call)
+        else:
+            # Queued: it may hold a grant. Else it looks at the key (whose kind it is, and
+            # whether an earlier attempt took it), unless it knows: right after a release
+            # of its own handed the lock on, the key is a lock's and someone else's.
+            first_known = call.attempts == 1 and self.bare_first
+            looks = QUEUED if queued else (KNOWN if first_known else LOOK)
+            sending = self._scripted(token, queue_up, looks, call.attempts, call.renews, call)
         sent = time.monotonic()
         try:
             if deadline is None:
                 reply = await sending
+            elif wire.allowance is None:
+                reply = await self._first_answer(sending, deadline, sent, call)
             else:
                 when = sent + self.span
-                allowance = wire.allowance
-                if allowance is not None:
-                    link = (deadline if deadline > sent else sent) + allowance
-                    if link < when:
-                        when = link
+                link = (deadline if deadline > sent else sent) + wire.allowance
+                if link < when:
+                    when = link
                 with Cutoff(when, task, spare, lend=True) as cutoff:
                     reply = await sending
                 if cutoff.expired:
                     reply = None
+        except ClusterError as exc:
+            # Redirected (or told TRYAGAIN) until redis-py gave up: the slot is migrating,
+            # or its master failing over. No verdict: the wait goes on while its deadline
+            # allows. (An undo now would meet the same; the wait's end takes the token
+            # out of the queue, and off the key should an earlier send have run.)
+            call.queued = True
+            raise Unanswered(exc) from exc
         except BaseException:
-            await self.undo(token, call)
+            if call.reached:
+                await self.undo(token, call)
+            else:
+                call.queued = queued  # nothing reached the server: nothing to undo
             raise
         if reply is None:
             call.unanswered = time.monotonic() - sent
             # Cut off: past the deadline the call is ending, and this is its cleanup;
-            # before it (a lease shorter than the wait), a routine undo.
-            ending = deadline is not None and time.monotonic() >= deadline
-            await self.undo(token, call if ending else None)
+            # before it (a lease shorter than the wait), a routine undo. (Nothing to
+            # undo if it never went out: a connection still in its handshake.)
+            if call.reached:
+                ending = deadline is not None and time.monotonic() >= deadline
+                await self.undo(token, call if ending else None)
+            else:
+                call.queued = queued
             return None
         if not self._replicas:  # WAIT's time is the replicas', not the link's
             wire.observe(time.monotonic() - sent)
@@ -625,13 +664,61 @@ class ServerLease:
             call.contended = True
         return answer
 
+    async def _first_answer(
+        self, sending: Awaitable[Any], deadline: float, sent: float, call: Call
+    ) -> Any:
+        """Await an attempt of a client that has never had an answer; None if cut off.
+
+        How long the link needs is not known yet (the first commands include
+        the connection's set-up), so an attempt that went out, or that waits
+        for a connection in its handshake, is awaited for the whole lease.
+        One that at the deadline (plus :data:`CONNECT_GRACE`) is still
+        waiting for a connection while the client has none to the server (it
+        is down, or nothing listens there) cannot have reached it: it is
+        abandoned there, whatever the client's retry policy would do next,
+        and raises redis-py's ``ConnectionError`` (nothing to undo).
+        """
+        inner = asyncio.ensure_future(sending)
+        try:
+            first = (deadline if deadline > sent else sent) + CONNECT_GRACE
+            await asyncio.wait((inner,), timeout=max(0.0, first - time.monotonic()))
+            if not inner.done() and (call.reached or self.wire.reachable()):
+                await asyncio.wait((inner,), timeout=max(0.0, sent + self.span - time.monotonic()))
+        except BaseException:
+            inner.cancel()
+            await finish([inner])
+            raise
+        if inner.done():
+            return inner.result()
+        connected = call.reached or self.wire.reachable()  # (before the cut-off disconnects)
+        inner.cancel()
+        await finish([inner])
+        if not inner.cancelled():
+            return inner.result()  # it ended meanwhile
+        if connected:
+            return None  # cut off at the lease end: undone by the caller
+        raise RedisConnectionError(
+            f"lock {self.name!r}: no connection to the server within "
+            f"{time.monotonic() - sent:.2g} s (the client was still trying to connect); "
+            "not acquired, and nothing was sent"
+        )
+
     async def _scripted(
-        self, token: str, queue_up: bool, queued: bool, number: int, renews: bool = True
+        self,
+        token: str,
+        queue_up: bool,
+        looks: str,
+        number: int,
+        renews: bool = True,
+        trace: Call | None = None,
     ) -> Reply:
         """The acquire script: with fencing, queueing the caller, or with replicas.
 
         ``number`` (the attempt's, in its call) goes into the entry it writes,
-        and comes back with a grant of that entry.
+        and comes back with a grant of that entry. ``looks`` (:data:`QUEUED`,
+        :data:`LOOK` or :data:`KNOWN`) says what the script checks first. The
+        script is sent once: if its reply is lost, it is sent again with
+        :data:`LOOK` at least, so that a lock it took is found to be ours.
         """
         entry = ""
         if queue_up:
@@ -652,13 +739,21 @@ class ServerLease:
             self._ms,
             entry,
             self._entry_ms,
-            "1" if queued else "0",
+            looks,
             "1" if self.fencing else "0",
             *self._release_args,
         )
         if self._replicas:
+            if trace is not None:
+                trace.reached = True  # (sent as a pipeline: assume it went out)
             return await self._replicated(args)
-        reply = await self.wire.run(self._ACQUIRE, self._acquire_keys, args)
+        keys = self._acquire_keys
+        try:
+            reply = await self.wire.run(self._ACQUIRE, keys, args, once=True, trace=trace)
+        except ReplyLost:
+            if looks == KNOWN:
+                args = (*args[:4], LOOK, *args[5:])
+            reply = await self.wire.run(self._ACQUIRE, keys, args, trace=trace)
         return (int(reply[0]), int(reply[1]))
 
     async def _replicated(self, args: tuple[Any, ...]) -> Reply:
@@ -755,12 +850,51 @@ class ServerLease:
     # -- raw operations (a quorum of leases calls them on each node) -------------------
 
     async def take(self, token: str) -> bool:
-        """One bare ``SET NX PX``: whether it took the lock (no undo, no cut-off)."""
-        return await self.wire.set_nx(self.key, token, self._ms)
+        """One bare ``SET NX PX``: whether it took the lock (no undo, no cut-off).
+
+        A ``SET`` that found the key taken looks whose it is: ours (the same
+        ``SET`` ran before and its reply was lost) counts as taken, and
+        another kind of primitive's key raises :class:`~aiolock.LockError`.
+        """
+        if await self.wire.set_nx(self.key, token, self._ms):
+            return True
+        value = await self.wire.get(self.key)
+        return value is not None and value in (token, token.encode())
 
     async def delete(self, token: str) -> bool:
-        """The release script: free the key if it holds ``token`` (by the grant rule)."""
-        return bool(await self.wire.run(RELEASE, self._acquire_keys, (token, *self._release_args)))
+        """The release script: free the key if it holds ``token`` (by the grant rule).
+
+        Sent once; if its reply is lost, the key found no longer ours counts
+        as freed by it (see :meth:`_release_once`).
+        """
+        return bool(await self._release_once(RELEASE, token))
+
+    async def _release_once(self, script: Script, token: str) -> Any:
+        """Run a release script for ``token`` once; after a lost reply, ask again.
+
+        The script is never sent twice blindly: run again after it freed (or
+        handed on) the lock, it would find the key no longer ours. So a lost
+        reply is followed by the same script, asked knowingly: if it frees
+        the lock now, the first one never ran; if it finds the key no longer
+        ours, the first one freed it (answered as a plain release, 1). (A
+        holder that had lost the key in that very moment is then told it
+        released; nothing else can tell the two apart.)
+        """
+        keys = self._acquire_keys
+        args = (token, *self._release_args)
+        try:
+            return await self.wire.run(script, keys, args, once=True)
+        except ReplyLost as lost:
+            reply = await self.wire.run(script, keys, args)
+            if not reply:
+                logger.info(
+                    "the reply to the release of lock %r was lost (%s); the key was no "
+                    "longer ours when asked again, so the release had run",
+                    self.name,
+                    lost.__cause__ or lost,
+                )
+                return 1
+            return reply
 
     async def value(self) -> Any:
         """The token that holds the lock now (``GET``), or None."""
@@ -779,9 +913,7 @@ class ServerLease:
         """
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
-                reply = await self.wire.run(
-                    self._RELEASE, self._acquire_keys, (token, *self._release_args)
-                )
+                reply = await self._release_once(self._RELEASE, token)
         except asyncio.CancelledError:
             await self.undo(token)
             raise
@@ -798,7 +930,7 @@ class ServerLease:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
         sent = time.monotonic()
         extended = bool(
-            await self.wire.run(self._EXTEND, (self.key, self.keys.queue), (token, to_ms(ttl)))
+            await self.wire.run(self._EXTEND, (self.key,), (token, to_ms(ttl), self.keys.queue))
         )
         self.wire.observe(time.monotonic() - sent)
         return extended
@@ -822,10 +954,34 @@ class ServerLease:
             "1" if may_yield else "0",
             "1" if heir.fencing else "0",
         )
-        reply = await self.wire.run(HANDOVER, heir._acquire_keys, args)
+        reply = await self._hand_over_once(HANDOVER, heir._acquire_keys, args)
         if reply[0] == 2:
             self._contended_until = time.monotonic() + _CONTENDED_HINT
         return (int(reply[0]), int(reply[1]))
+
+    async def _hand_over_once(
+        self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]
+    ) -> Any:
+        """Run a hand-over script once; after a lost reply, ask again (see :meth:`_release_once`).
+
+        Asked again, a hand-over that ran finds the next holder's token on
+        the key and answers so; one that finds the key neither ours nor the
+        next holder's had handed the lock to the queue's first waiter
+        (answered ``(2, 0)``).
+        """
+        try:
+            return await self.wire.run(script, keys, args, once=True)
+        except ReplyLost as lost:
+            reply = await self.wire.run(script, keys, args)
+            if not reply[0]:
+                logger.info(
+                    "the reply to the hand-over of lock %r was lost (%s); the key was "
+                    "no longer ours when asked again, so it had gone to the next waiter",
+                    self.name,
+                    lost.__cause__ or lost,
+                )
+                return (2, 0)
+            return reply
 
     async def held(self) -> bool:
         """Whether the key exists (asks the server)."""

@@ -72,13 +72,19 @@ class AsyncLock(LeaseLock):
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
-    :class:`LockError` unless ``reentrant=True``. :meth:`owned` and
-    :meth:`extend` answer for the calling task: in a task that did not
-    acquire, ``owned()`` is False and ``extend()`` raises
-    :class:`LockNotOwnedError` without touching the holder's lease. As with
+    :class:`LockError` unless ``reentrant=True``. :meth:`owned`,
+    :meth:`extend` and :meth:`release` act for the holder, the tasks it
+    starts (they inherit its context), and, once the acquiring task has
+    ended, any task: such a *detached* holding stays held and renewed until
+    it is released (``asyncio.wait_for`` and ``gather`` run ``acquire()`` in
+    a task of their own; a request may hand its lock to a background job).
+    In any other task ``owned()`` is False and ``extend()`` raises
+    :class:`LockNotOwnedError` without touching the holder's lease; as with
     ``asyncio.Lock``, :meth:`release` may be called from another task (a
-    hand-off); it ends the object's current holding. Each acquisition gets a fresh 128-bit token,
-    and the server only ever deletes or extends a key holding that token.
+    hand-off). A lock object dropped while it holds gives a
+    ``ResourceWarning``, and its key expires with its lease. Each
+    acquisition gets a fresh 128-bit token, and the server only ever deletes
+    or extends a key holding that token.
 
     **Fairness.** Waiters on different client objects (processes) are
     served in the order they reached the lock's queue on the server: a
@@ -104,11 +110,9 @@ class AsyncLock(LeaseLock):
     acquisition or renewal. The holder measures the same lease on its
     monotonic clock from when the command was sent, so it declares the lock
     lost (:attr:`lost`, ``on_lost``, ``LockLostError`` on exit) no later than
-    the server can expire it. If the owning task ends without releasing,
-    renewal stops and the key expires after its lease. A failover to a
-    replica that had not yet received the key loses the lock without
-    notice; fencing tokens let the protected resource reject such stale
-    holders.
+    the server can expire it. A failover to a replica that had not yet
+    received the key loses the lock without notice; fencing tokens let the
+    protected resource reject such stale holders.
 
     **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
     argument. :class:`AcquireTimeout` from ``async with`` when the lock was

@@ -14,7 +14,12 @@ own, outside its pool) and one task that reads it. Subscriptions are
 counted per channel; a channel nobody waits on is unsubscribed after
 :data:`LINGER` seconds (so a queue of local waiters taking turns does not
 churn), and the connection and its task end once no channel is left.
-Nothing runs while nobody waits.
+Nothing runs while nobody waits. The replies to (un)subscriptions come in
+the order asked, and each answers the oldest request of its name: a channel
+subscribed again while its unsubscription is on its way stays live, and
+only an unsubscription nobody asked for (the server dropped the channel) is
+taken for one. A waiter whose channel the listener no longer serves
+subscribes again.
 
 A waiter never depends on the listener for progress. If the connection
 breaks, every waiter is woken at once and goes on polling with its backoff
@@ -204,6 +209,7 @@ class _Listener:
         "_grants",
         "_heard",
         "_kwargs",
+        "_pending",
         "_ping_sent",
         "_refused_until",
         "_sharded",
@@ -240,6 +246,10 @@ class _Listener:
         self._channels: dict[bytes, _Channel] = {}
         #: The same channels by the name of their grant channel.
         self._grants: dict[bytes, _Channel] = {}
+        #: How many (un)subscribe requests of each name are unanswered on the connection.
+        #: Replies come in the order asked: a reply answers the oldest request of its
+        #: name, and only one that answers none is the server's own doing.
+        self._pending: dict[bytes, int] = {}
         #: What names this listener's grant channels (``<channel>:<tag>``): random, so
         #: that a grant reaches the heir's process alone.
         self.tag = os.urandom(4).hex()
@@ -323,6 +333,9 @@ class _Listener:
         """
         command = self._command(verb)
         raws = [raw for channel in channels for raw in (channel.raw, channel.grants)]
+        pending = self._pending
+        for raw in raws:
+            pending[raw] = pending.get(raw, 0) + 1
         if self._sharded:
             await self._send_all(conn, [(command, raw) for raw in raws])
         else:
@@ -423,6 +436,7 @@ class _Listener:
         Channels nobody waits on are forgotten at once: reconnecting is only
         worth it for waiters.
         """
+        self._pending.clear()
         for channel in list(self._channels.values()):
             channel.state = _State.NEW
             if channel.refs == 0:
@@ -499,24 +513,42 @@ class _Listener:
         name = reply[1]
         if not isinstance(name, bytes):
             return  # a PONG
-        channel = self._grants.get(name) or self._channels.get(name)
-        if channel is None:
-            return  # news of a channel already forgotten
         if kind in (b"message", b"smessage"):
+            channel = self._grants.get(name) or self._channels.get(name)
+            if channel is None:
+                return  # news of a channel already forgotten
             payload = reply[2] if len(reply) > 2 else b""
             if isinstance(payload, bytes) and payload.startswith(b"g "):
                 channel.granted(payload)
             else:
                 channel.bump()
-        elif kind in (b"subscribe", b"ssubscribe"):
-            # Both channels were asked for in this order: live once the second is.
-            if channel.state is _State.PENDING and name == channel.grants:
+            return
+        subscribed = kind in (b"subscribe", b"ssubscribe")
+        if not subscribed and kind not in (b"unsubscribe", b"sunsubscribe"):
+            return
+        asked = self._pending.get(name, 0)
+        if asked > 1:
+            self._pending[name] = asked - 1
+        elif asked == 1:
+            del self._pending[name]
+        channel = self._grants.get(name) or self._channels.get(name)
+        if channel is None:
+            return  # about a channel already forgotten
+        if subscribed:
+            # Both channels were asked for in this order: live once the second is, and
+            # no request of it is left unanswered (a channel dropped and asked for
+            # again meanwhile is live only once the new request is answered).
+            if (
+                channel.state is _State.PENDING
+                and name == channel.grants
+                and name not in self._pending
+            ):
                 channel.state = _State.LIVE
                 self._confirmed = True
                 channel.bump()
-        elif kind in (b"unsubscribe", b"sunsubscribe"):
-            # Not asked for (channels are forgotten before they are unsubscribed): the
-            # server dropped it, e.g. its slot moved. Its waiters poll; the next waiter
+        elif not asked:
+            # An unsubscribe that answers no request of ours: the server dropped the
+            # channel (its slot moved, say). Its waiters poll; the next waiter
             # subscribes again.
             self._forget(channel)
             channel.bump()
@@ -577,7 +609,19 @@ class Subscription:
     @property
     def live(self) -> bool:
         """Whether releases can reach us: subscribed, or asked and not refused nor broken."""
-        return self._channel.state is not _State.NEW and not self._listener.refused()
+        return (
+            self._channel.state is not _State.NEW
+            and not self._listener.refused()
+            and not self.stale
+        )
+
+    @property
+    def stale(self) -> bool:
+        """Whether the listener no longer serves this channel (dropped by the server, say).
+
+        Its messages are not read any more: the waiter subscribes again.
+        """
+        return self._listener._channels.get(self._channel.raw) is not self._channel
 
     def holder_until(self) -> float:
         """When the first lease of the latest grant heard on the channel ends (monotonic)."""

@@ -133,11 +133,13 @@ class Redlock(LeaseLock):
 
     **Ownership.** A holding belongs to the task that acquired it. Another
     task using the same object waits for it; the owner re-acquiring raises
-    :class:`~aiolock.LockError` unless ``reentrant=True``. :meth:`owned` and
-    :meth:`extend` answer for the calling task only (False, or
-    :class:`~aiolock.LockNotOwnedError`, in a task that did not acquire). As with
+    :class:`~aiolock.LockError` unless ``reentrant=True``. :meth:`owned`,
+    :meth:`extend` and :meth:`release` act for the holder, the tasks it
+    starts, and any task once the acquiring task has ended (a detached
+    holding, renewed until released); elsewhere ``owned()`` is False and
+    ``extend()`` raises :class:`~aiolock.LockNotOwnedError`. As with
     ``asyncio.Lock``, :meth:`release` may be called from another task (a
-    hand-off); it ends the object's current holding. Each attempt uses a
+    hand-off). Each attempt uses a
     fresh 128-bit token, and a node only ever deletes or extends a key
     holding that token.
 
@@ -165,8 +167,9 @@ class Redlock(LeaseLock):
     extends the key on every node that still holds the token and keeps the
     lock while a majority does in time; once a majority says the key is not
     ours, or no majority confirmed a renewal before the lease end, the lock
-    is lost. If the owning task ends without releasing, renewal stops and the
-    keys expire after their lease.
+    is lost. A holding whose acquiring task ended is renewed until it is
+    released; a lock object dropped while it holds stops renewing (with a
+    ``ResourceWarning``), and the keys expire after their lease.
 
     **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
     argument. :class:`~aiolock.AcquireTimeout` from ``async with`` when the

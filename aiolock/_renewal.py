@@ -12,6 +12,14 @@ The watchdog is one asyncio task per holding that extends the lease, through
 the holding's :class:`~aiolock._lease.Lease`, every ``span/3``. It is
 started lazily at the first renewal point (a short holding
 never needs a task), and it is cancelled and awaited when the holding ends.
+It does not end with the task that acquired: a holding whose acquiring task
+ended (a *detached* holding: ``acquire()`` run by ``asyncio.wait_for`` on
+CPython 3.11, or by ``gather``; a lock handed to a background job) is
+renewed until it is released or lost. It holds its lock object only weakly:
+a holding that nobody can release any more (its lock object was
+garbage-collected, or its event loop shut down) is reported as never
+released (:func:`never_released`), and its renewal stops, so that the key
+expires with its lease.
 It declares the lock lost when the server says the key is gone or is not
 ours, when the holding has lasted its cap (``max_hold``: renewals never
 carry the lease past it, and at the cap the watchdog frees the key so the
@@ -26,12 +34,14 @@ believing it still holds the lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, final
+import warnings
+import weakref
+from typing import Any, Protocol, final
 
 import anyio
 
@@ -40,7 +50,7 @@ from ._lease import Lease
 from ._queue import LocalQueue
 from ._timers import Timer
 
-__all__ = ["Holding", "keep_alive"]
+__all__ = ["Holding", "Watcher", "keep_alive", "never_released", "watchdog_ended"]
 
 logger = logging.getLogger("aiolock")
 
@@ -65,7 +75,7 @@ class Holding:
         "lease_end",
         "loss_reason",
         "lost",
-        "owner_done",
+        "name",
         "queue",
         "renewal",
         "renewed_at",
@@ -79,6 +89,7 @@ class Holding:
 
     def __init__(
         self,
+        name: str,
         token: str,
         task: asyncio.Task[Any],
         ttl: float,
@@ -87,10 +98,11 @@ class Holding:
         fence: int | None,
         queue: LocalQueue,
     ) -> None:
+        self.name = name  # the lock's, for messages
         self.token = token
         self.queue = queue  # the local queue whose baton it holds
         self.thread = threading.get_ident()  # the thread whose event loop it belongs to
-        self.task = task
+        self.task = task  # the task that acquired (it may end first: the holding is detached)
         self.ttl = ttl  # asked of the server
         self.span = span  # counted by the holder
         self.renewed_at = sent
@@ -109,11 +121,15 @@ class Holding:
         self.timer: Timer | None = None
         self.renewal: asyncio.Task[None] | None = None
         self.callbacks: list[asyncio.Future[Any]] = []
-        self.owner_done: Callable[[asyncio.Task[Any]], None] | None = None
 
     def is_lost(self) -> bool:
         """Whether the holding has been declared lost (a method, so checkers re-read it)."""
         return self.lost
+
+    @property
+    def live(self) -> bool:
+        """Neither ended (released, or given up) nor lost."""
+        return not (self.ended or self.lost)
 
     def renewed(self, sent: float, ttl: float, span: float, *, capped: bool = False) -> None:
         """Record a confirmed extend sent at ``sent`` (``span`` s as counted).
@@ -141,32 +157,37 @@ class Holding:
         return f"it was held for max_hold={cap:g} s, the cap of one holding"
 
 
-async def keep_alive(
-    holding: Holding,
-    lease: Lease,
-    name: str,
-    declare_lost: Callable[[Holding, str], None],
-    renewed: Callable[[Holding, BaseException | None], None],
-) -> None:
+class Watcher(Protocol):
+    """What the watchdog tells of a holding: the lock it belongs to."""
+
+    def _declare_lost(self, holding: Holding, reason: str) -> None:
+        """Mark ``holding`` lost with ``reason`` (idempotent)."""
+        ...
+
+    def _renewed(self, holding: Holding, error: BaseException | None) -> None:
+        """One renewal of ``holding`` reset its lease (None), or failed (the error)."""
+        ...
+
+
+async def keep_alive(holding: Holding, lease: Lease, watcher: weakref.ref[Watcher]) -> None:
     """Extend ``holding`` every ``span/3`` until cancelled or lost.
 
     Args:
         holding: the holding to keep alive.
         lease: the lease it holds: ``extend(token, ttl)`` says whether the
             key was still ours.
-        name: the lock's name, for log records.
-        declare_lost: marks the holding lost with a reason (idempotent).
-        renewed: told of each renewal: with None when it reset the lease, with
-            the exception when it failed (and will be retried).
+        watcher: the lock the holding belongs to, weakly: told of losses and
+            renewals while it exists. Once it is gone, nobody can release
+            the holding: it was reported never released, and renewal stops.
     """
     task = asyncio.current_task()
-    while not (holding.ended or holding.lost):
+    while holding.live:
         now = time.monotonic()
         if holding.cap_reached(now):
-            await _free_at_cap(holding, lease, declare_lost)
+            await _free_at_cap(holding, lease, watcher)
             return
         if now >= holding.lease_end:
-            declare_lost(holding, "the lease ran out before it could be renewed")
+            _declare_lost(watcher, holding, "the lease ran out before it could be renewed")
             return
         if holding.capped:  # the lease ends at the cap: nothing more to renew
             wake = min(holding.hold_end, holding.lease_end)
@@ -176,6 +197,8 @@ async def keep_alive(
             await anyio.sleep(wake - now)
             await honour_cancellation(task, 0)
             continue
+        if watcher() is None:
+            return  # unreachable: reported never released, ended
         sent = now
         # Both read now: an extend() that ends while this renewal is in flight changes
         # them, and the renewal's late reply must not mix its lease with the extend's.
@@ -183,17 +206,22 @@ async def keep_alive(
         asked = holding.asked(ttl, sent)  # never past the cap
         span = lease.counted(asked)  # a grant's first lease is shorter; renewals ask for ttl
         if span <= 0:  # too little left of the cap to count a lease
-            await _free_at_cap(holding, lease, declare_lost)
+            await _free_at_cap(holding, lease, watcher)
             return
         try:
             with anyio.move_on_after(holding.lease_end - sent):
                 ok = await lease.extend(holding.token, asked)
                 await honour_cancellation(task, 0)
                 if not ok:
-                    declare_lost(holding, "the key was gone or held by another holder at renewal")
+                    _declare_lost(
+                        watcher, holding, "the key was gone or held by another holder at renewal"
+                    )
                     return
                 holding.renewed(sent, ttl, span, capped=asked < ttl)
-                renewed(holding, None)
+                lock = watcher()
+                if lock is not None:
+                    lock._renewed(holding, None)
+                    del lock
                 continue
         except Exception as exc:
             # Not only redis-py's errors: uvloop raises a bare RuntimeError on a closed
@@ -202,24 +230,87 @@ async def keep_alive(
             remaining = holding.lease_end - time.monotonic()
             logger.warning(
                 "renewal of lock %r failed (%s: %s); retrying for %.3f s more",
-                name,
+                holding.name,
                 type(exc).__name__,
                 exc,
                 max(remaining, 0.0),
             )
-            renewed(holding, exc)
+            lock = watcher()
+            if lock is not None:
+                lock._renewed(holding, exc)
+                del lock
             retry = min(max(holding.span / 10, _RETRY_MIN), _RETRY_MAX, max(remaining, 0.0))
             await anyio.sleep(retry)
             await honour_cancellation(task, 0)
             continue
         # The lease end came while the extend was still in flight.
-        declare_lost(holding, "the lease ran out while a renewal was still unanswered")
+        _declare_lost(watcher, holding, "the lease ran out while a renewal was still unanswered")
         return
 
 
-async def _free_at_cap(
-    holding: Holding, lease: Lease, declare_lost: Callable[[Holding, str], None]
-) -> None:
+def watchdog_ended(holding: Holding, task: asyncio.Task[None]) -> None:
+    """The done callback of ``holding``'s watchdog: a cancellation not of aiolock's is a shutdown.
+
+    aiolock ends or loses a holding before it cancels its watchdog; a
+    watchdog cancelled while its holding is live was cancelled by its event
+    loop shutting down (``asyncio.run`` cancels every task at its end), even
+    before it first ran.
+    """
+    if task.cancelled() and holding.live:
+        never_released(holding, "its event loop shut down while it was held")
+
+
+def _declare_lost(watcher: weakref.ref[Watcher], holding: Holding, reason: str) -> None:
+    lock = watcher()
+    if lock is not None:
+        lock._declare_lost(holding, reason)
+
+
+def never_released(holding: Holding, why: str) -> None:
+    """``holding`` can no longer be released by anyone: say so, stop renewing it.
+
+    A ``ResourceWarning`` (and a WARNING record) names the lock; the holding
+    ends here, its timer and its watchdog stop, and the server expires the
+    key with its lease. Safe from any thread (a garbage collection may run
+    this in another thread than the holding's loop).
+    """
+    if not holding.live:
+        return
+    holding.ended = True
+    message = (
+        f"lock {holding.name!r} was never released ({why}); its renewal stopped and "
+        "the server expires the key with its lease. Release what you acquire: "
+        "async with, or release() in a finally"
+    )
+    try:
+        warnings.warn(message, ResourceWarning, stacklevel=2)
+    finally:
+        logger.warning("%s", message)
+        _stop(holding)
+
+
+def _stop(holding: Holding) -> None:
+    """Stop the holding's timer and watchdog, from whatever thread this runs in."""
+    timer, renewal = holding.timer, holding.renewal
+    holding.timer = None
+    if timer is None and (renewal is None or renewal.done()):
+        return
+    loop = holding.task.get_loop()
+
+    def stop() -> None:
+        if timer is not None:
+            timer.cancel()
+        if renewal is not None and renewal is not asyncio.current_task():
+            renewal.cancel()
+
+    if holding.thread == threading.get_ident():
+        stop()
+        return
+    with contextlib.suppress(RuntimeError):  # its loop is closed: nothing of it runs any more
+        loop.call_soon_threadsafe(stop)
+
+
+async def _free_at_cap(holding: Holding, lease: Lease, watcher: weakref.ref[Watcher]) -> None:
     """The holding reached its cap: declare it lost, then free the key for the next holder.
 
     Declared first, so the holder stops trusting it before anyone else can
@@ -228,5 +319,5 @@ async def _free_at_cap(
     grant rule. If the server does not answer, the lease (which ends at the
     cap) expires the key.
     """
-    declare_lost(holding, holding.cap_reason())
+    _declare_lost(watcher, holding, holding.cap_reason())
     await lease.undo(holding.token)

@@ -218,10 +218,12 @@ class ReadWriteLock:
     task with a fresh 128-bit token and a lease of its own. Several tasks
     may hold the reader side at once. A task that holds one side and asks
     for the other raises :class:`~aiolock.LockError` (it would wait for
-    itself). ``release()`` gives back the calling task's holding (or, from
-    another task, the side's latest: a hand-off); ``owned()`` and
-    ``extend()`` answer for the calling task's holding only. The server only
-    ever extends or removes a holding with the caller's token.
+    itself). ``release()``, ``owned()`` and ``extend()`` act on the calling
+    task's holding, one of a task it was started from, or one whose
+    acquiring task ended (renewed until released); else ``owned()`` is
+    False, ``extend()`` raises, and ``release()`` gives back the side's
+    latest holding (a hand-off). The server only ever extends or removes a
+    holding with the caller's token.
 
     **Fairness.** Readers and writers wait in one queue on the server, in
     arrival order, across every task of every process. A writer waits for

@@ -224,19 +224,23 @@ end
 #            number of this attempt, and the tag of the channel its grant goes to,
 #            which may be left out with its space); '' to not queue
 #   ARGV[4]  the entry's life in milliseconds
-#   ARGV[5]  '1' if the caller may be queued already (or even granted the lock)
+#   ARGV[5]  what to look at first: '1' the caller may be queued already (or even
+#            granted the lock): the key and the queue; '2' the key (its kind, and
+#            whether it holds the token already); '0' nothing (the key is known to be
+#            a lock's and someone else's)
 #   ARGV[6]  '1' with fencing
 #   ARGV[7]  the lock's channel
 #   ARGV[8]  '1' on a cluster (sharded pub/sub)
 # Returns {1, fence} when the caller holds the lock now (fence 0 without fencing):
-# it was granted it (its lease starts again), or the lock was free and nobody
-# alive was queued before it. Otherwise {0, pttl}: the holder's remaining lease in
-# ms (-1: no expiry); a free lock with a live waiter queued first is granted to
-# that waiter (pttl is then its lease). Unless ARGV[3] is '', the caller is then
-# in the queue, once; its entry lives ARGV[4] ms. A queue it makes (or may have
-# lost) is kept for the holder's lease plus the slack; a queue that was there
-# already is kept by whatever gave the holder its lease (a grant, a hand-over, a
-# renewal each extend it).
+# the key holds its token already (a grant, or an earlier run of this very attempt
+# whose reply was lost: its lease starts again), or the lock was free and nobody
+# alive was queued before it. Run twice, it answers the same. Otherwise {0, pttl}:
+# the holder's remaining lease in ms (-1: no expiry); a free lock with a live
+# waiter queued first is granted to that waiter (pttl is then its lease). Unless
+# ARGV[3] is '', the caller is then in the queue, once; its entry lives ARGV[4] ms.
+# A queue it makes (or may have lost) is kept for the holder's lease plus the
+# slack; a queue that was there already is kept by whatever gave the holder its
+# lease (a grant, a hand-over, a renewal each extend it).
 ACQUIRE = Script(
     _GRANT
     + _QUEUE_UP
@@ -248,7 +252,8 @@ local function taken()
     end
     return {1, 0}
 end
-if ARGV[5] == '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
+-- (GET fails with WRONGTYPE where the name is another kind's: the caller is told at once.)
+if ARGV[5] ~= '0' and redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     redis.call('DEL', mine)
     return taken()
@@ -335,16 +340,21 @@ return 1
 
 # EXTEND
 #   KEYS[1]  the lock key
-#   KEYS[2]  the queue
 #   ARGV[1]  the holder's token
 #   ARGV[2]  the new lease in milliseconds
+#   ARGV[3]  the queue's name (not a declared key: see below)
 # Resets the lease only if the key still holds the token, and keeps the queue (if
 # any) for that long plus its slack. Returns 1 if it did, 0 if the key is gone or
-# belongs to someone else.
+# belongs to someone else. The extend scripts declare the lock's key alone: while
+# a cluster migrates the slot, a script whose declared keys are split between the
+# two nodes is refused (TRYAGAIN), and a renewal must go on through a migration
+# longer than a lease. The queue is only ever extended here, never made, so it
+# cannot appear on the wrong node; while the slot migrates the server refuses the
+# queue's PEXPIRE (a key that may not be local), and it is skipped (redis.pcall).
 EXTEND = Script(
     """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2] + """
+    redis.pcall('PEXPIRE', ARGV[3], ARGV[2] + """
     + str(QUEUE_SLACK_MS)
     + """)
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -368,13 +378,24 @@ return 0
 # Returns {0, 0} if the key was not the releaser's (nothing is touched); {2, ms}
 # if it went to the queue's first live waiter instead (ARGV[6]; ms: its lease);
 # otherwise {1, fence}: the key now holds the next holder's token and lease (fence
-# as in ACQUIRE). The queue is not touched without ARGV[6]: a local run looks at
-# it after LOCAL_RUN (0.1 s) at the latest, and whatever began the run (a grant,
-# a queued attempt) left it at least QUEUE_SLACK_MS to live.
+# as in ACQUIRE). Run again after it swapped the tokens (its reply was lost), it
+# finds the next holder's token and answers {1, fence} again. The queue is not touched
+# without ARGV[6]: a local run looks at it after LOCAL_RUN (0.1 s) at the latest,
+# and whatever began the run (a grant, a queued attempt) left it at least
+# QUEUE_SLACK_MS to live.
 HANDOVER = Script(
     _GRANT
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[2] then
+    -- Run already (its reply was lost): the next holder has it.
+    local fence = 0
+    if ARGV[7] == '1' then
+        fence = tonumber(redis.call('GET', KEYS[3]))
+    end
+    return {1, fence}
+end
+if holder ~= ARGV[1] then
     return {0, 0}
 end
 if ARGV[6] == '1' then
@@ -458,8 +479,9 @@ end
 # A permit is free while fewer than `limit` unexpired tokens hold one. The caller takes
 # one if it is free and no live waiter is queued before it (those before it are granted
 # the free permits first). Returns {1, 0} when the caller holds a permit now (it was
-# granted one: its lease starts again), else {0, ms}: when the first permit's lease
-# ends; the caller is then queued as by ACQUIRE.
+# granted one, or an earlier run of this attempt took one: its lease starts again),
+# else {0, ms}: when the first permit's lease ends; the caller is then queued as by
+# ACQUIRE.
 SEMAPHORE_ACQUIRE = Script(
     _HOLDERS
     + _QUEUE_UP
@@ -468,7 +490,7 @@ local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local mine = KEYS[2] .. ':' .. ARGV[1]
 local limit = tonumber(ARGV[9])
-if ARGV[5] == '1' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+if ARGV[5] ~= '0' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
     keep()
     redis.call('DEL', mine)
@@ -559,9 +581,9 @@ return 0
 """
 )
 
-# SEMAPHORE_EXTEND: EXTEND's keys and arguments. Resets the permit's lease if the token
-# still holds one (its lease not over); keeps the queue that long plus its slack.
-# Returns 1 if it did, else 0.
+# SEMAPHORE_EXTEND: EXTEND's keys and arguments (one key). Resets the permit's lease if
+# the token still holds one (its lease not over); keeps the queue that long plus its
+# slack. Returns 1 if it did, else 0.
 SEMAPHORE_EXTEND = Script(
     _NOW
     + """
@@ -573,7 +595,7 @@ end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], last[2])
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+redis.pcall('PEXPIRE', ARGV[3], tonumber(ARGV[2]) + """
     + str(QUEUE_SLACK_MS)
     + """)
 return 1
@@ -592,11 +614,16 @@ return 1
 #   ARGV[7]  '1' if the permit should go to the queue's first live waiter, if there is one
 # Returns {0, 0} if the token held no permit (nothing is touched); {2, 0} if the permit
 # went to the queue's first live waiter instead (ARGV[7]); otherwise {1, 0}: the next
-# holder's token holds the permit now, with its lease.
+# holder's token holds the permit now, with its lease (also when run again after its
+# reply was lost).
 SEMAPHORE_HANDOVER = Script(
     _HOLDERS
     + """
 local now = now_ms()
+local heirs = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if heirs and tonumber(heirs) > now then
+    return {1, 0}  -- run already (its reply was lost): the next holder has the permit
+end
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not ends or tonumber(ends) <= now then
     return {0, 0}
@@ -608,10 +635,10 @@ if ARGV[7] == '1' then
         return {2, 0}
     end
 end
-local ends = now + tonumber(ARGV[3])
-redis.call('ZADD', KEYS[1], ends, ARGV[2])
+local heir_ends = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], heir_ends, ARGV[2])
 -- With one permit the heir is the only holder: its lease is the set's.
-redis.call('PEXPIREAT', KEYS[1], string.format('%d', ends))
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', heir_ends))
 return {1, 0}
 """
 )
@@ -760,8 +787,9 @@ end
 #   ARGV[9]  the caller's kind: 'r' (a reader) or 'w' (a writer)
 # The caller takes the lock if its kind is admitted now and no live waiter is queued
 # before it (those before it are granted first, while admitted). Returns {1, 0} when it
-# holds now (it was granted: its lease starts again), else {0, ms}: when the first
-# holder's lease ends; the caller is then queued as by ACQUIRE.
+# holds now (it was granted, or an earlier run of this attempt took it: its lease
+# starts again), else {0, ms}: when the first holder's lease ends; the caller is then
+# queued as by ACQUIRE.
 RW_ACQUIRE = Script(
     _RW
     + _QUEUE_UP
@@ -770,7 +798,7 @@ local now = now_ms()
 local state = scan(now)
 local mine = KEYS[2] .. ':' .. ARGV[1]
 local kind = ARGV[9]
-if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+if ARGV[5] ~= '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('HDEL', KEYS[1], ARGV[1])
     if kind == 'w' then
         state[2] = false
@@ -863,9 +891,9 @@ return held
 """
 )
 
-# RW_EXTEND: EXTEND's keys and arguments. Resets the holding's lease if the token still
-# holds (its lease not over); keeps the queue that long plus its slack. Returns 1 if it
-# did, else 0.
+# RW_EXTEND: EXTEND's keys and arguments (one key). Resets the holding's lease if the
+# token still holds (its lease not over); keeps the queue that long plus its slack.
+# Returns 1 if it did, else 0.
 RW_EXTEND = Script(
     _RW
     + """
@@ -879,7 +907,7 @@ redis.call('HSET', KEYS[1], ARGV[1], kind .. string.format('%d', now + tonumber(
 -- (After the new end is in: the hash lives as long as its longest lease now.)
 local state = scan(now)
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+redis.pcall('PEXPIRE', ARGV[3], tonumber(ARGV[2]) + """
     + str(QUEUE_SLACK_MS)
     + """)
 return 1

@@ -108,7 +108,7 @@ class SemaphoreLease(ServerLease):
         if not (isinstance(heir, SemaphoreLease) and heir.shared and self.shared):
             return None
         args = (token, heir_token, heir._ms, *self._release_args, "1" if may_yield else "0")
-        reply = await self.wire.run(SEMAPHORE_HANDOVER, self._acquire_keys, args)
+        reply = await self._hand_over_once(SEMAPHORE_HANDOVER, self._acquire_keys, args)
         return (int(reply[0]), int(reply[1]))
 
     async def held(self) -> bool:
@@ -177,10 +177,12 @@ class Semaphore(LeaseLock):
     task, with a fresh 128-bit token and a lease of its own. Several tasks
     may hold permits of one ``Semaphore`` object at once; a task that holds
     one and acquires again raises :class:`~aiolock.LockError`.
-    :meth:`release` gives back the calling task's permit (or, from another
-    task, the object's latest one: a hand-off); :meth:`owned` and
-    :meth:`extend` answer for the calling task's permit only. The server
-    only ever extends or removes a permit holding the caller's token.
+    :meth:`release`, :meth:`owned` and :meth:`extend` act on the calling
+    task's permit, one of a task it was started from, or one whose
+    acquiring task ended (such a permit is renewed until released); else
+    ``owned()`` is False, ``extend()`` raises, and ``release()`` gives back
+    the object's latest permit (a hand-off). The server only ever extends or
+    removes a permit holding the caller's token.
 
     **Fairness.** Waiters are served in the order they reached the
     semaphore's queue on the server, across every task of every process: a

@@ -1,48 +1,130 @@
 """What aiolock sends to one server, and the one place redis-py's errors are translated.
 
 Every command a lease sends goes through a :class:`Wire`: one per client,
-over that client. ``execute_command`` is looked up at each call, so that
-an instrumentation that wraps it later (OpenTelemetry's) sees aiolock's
-commands too. Commands are sent with
-``execute_command``, not redis-py's typed helpers: the same bytes on the
-wire without their argument checks, which cost as much as the rest of an
-uncontended acquire. Scripts are called by SHA and loaded on ``NOSCRIPT``.
+over that client. Commands are sent raw (``SET``, ``EVALSHA``, ...), not
+with redis-py's typed helpers: the same bytes on the wire without their
+argument checks. Scripts are called by SHA and loaded on ``NOSCRIPT``.
 
-The translation: on a connection the server reset, redis-py turns
+**Sending once.** redis-py retries a command whose connection failed
+(``retry=`` of the client; by default up to ten times). For most of
+aiolock's commands that is harmless: an attempt, a renewal, a queue
+entry's refresh or a leave answers the same when it runs twice (the
+scripts recognise the caller's own token). A release or a hand-over does
+not: run again after its reply was lost, it finds the lock already given
+on and would report a loss that did not happen. So on a plain client
+(``redis.asyncio.Redis``, Sentinel's ``master_for()`` included) the wire
+sends each command itself on a connection of the client's pool, drives
+the client's own retry policy (its ``Retry`` object: count and backoff),
+and refuses to send a command marked ``once`` again after it may have
+reached the server: it raises :class:`ReplyLost` instead, and the caller
+finds out what happened. On a cluster client a ``once`` command is sent
+to the key's node with redis-py's cluster retries off (``target_nodes``),
+and a connection error is a :class:`ReplyLost` alike. A client made with
+``single_connection_client=True`` is sent to through
+``execute_command``, with redis-py's retries.
+
+Sending the commands on the pool's connections also tells whether an
+attempt can have reached the server at all (:class:`Trace`): an attempt
+still waiting for a connection at its deadline is abandoned there, and
+nothing needs undoing. (An instrumentation that wraps the client's
+``execute_command`` does not see the commands of a plain client; aiolock's
+own events and OpenTelemetry spans report them.)
+
+**Translation.** On a connection the server reset, redis-py turns
 ``OSError`` into its ``ConnectionError``, but uvloop raises a bare
 ``RuntimeError("unable to perform operation on <TCPTransport closed=True
-...>")`` instead, which would reach callers who catch ``RedisError``. Here it
-becomes redis-py's ``ConnectionError``. A ``WRONGTYPE`` reply (a name used
+...>")`` instead, and CPython 3.13's selector transport an ``AttributeError``;
+either would reach callers who catch ``RedisError``. Here both become
+redis-py's ``ConnectionError``. A ``WRONGTYPE`` reply (a name used
 by two kinds of primitive: an ``AsyncLock`` and a ``Semaphore`` on ``"x"``)
-becomes a :class:`~aiolock.LockError` that names the kind holding the key.
-Other errors pass unchanged.
+becomes a :class:`~aiolock.LockError` that names the kind holding the key. A
+command the server's ACL refuses (``NOPERM``, or a script's "ACL failure")
+stays redis-py's error, with a note that says where the rights aiolock
+needs are listed.
+redis-py's cluster client lets an ``AttributeError`` or ``KeyError`` of its
+own escape while a slot migrates (a node it no longer knows); that becomes
+redis-py's ``ClusterError``. Other errors pass unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, final
+import inspect
+from typing import Any, Final, Protocol, cast, final
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    NoPermissionError,
+    NoScriptError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._exceptions import LockError
 from ._scripts import Script
 from ._types import Client
 
-__all__ = ["KINDS", "MIN_ALLOWANCE", "Wire", "translated"]
+__all__ = ["KINDS", "MIN_ALLOWANCE", "ReplyLost", "Trace", "Wire", "translated"]
 
 #: The least time an answer is given past a deadline, however fast the link has been.
 MIN_ALLOWANCE: Final = 0.1
 
 
-def translated(exc: RuntimeError) -> BaseException:
-    """redis-py's ``ConnectionError`` for uvloop's closed-transport error, else ``exc``."""
-    if "unable to perform operation on" in str(exc):
-        error = RedisConnectionError(f"the connection to the server was closed: {exc}")
-        error.__cause__ = exc
-        return error
-    return exc
+class ReplyLost(RedisConnectionError):
+    """A command that must not run twice lost its reply: it may or may not have run.
+
+    Raised by :meth:`Wire.run` for a ``once`` command instead of sending it
+    again; the caller asks the server what became of it. A subclass of
+    redis-py's ``ConnectionError``, which is what the caller sees if it
+    cannot find out.
+    """
+
+
+class Trace(Protocol):
+    """What a sender is told: whether its command may have reached the server.
+
+    ``reached`` is set once a command goes out on a connected socket; it
+    stays False while the wire is still getting a connection.
+    """
+
+    reached: bool
+
+
+def translated(exc: BaseException, cluster: bool = False) -> BaseException:
+    """redis-py's own error for what escapes it untranslated; else ``exc`` itself.
+
+    uvloop's closed-transport ``RuntimeError``, and the ``AttributeError`` of
+    CPython 3.13's selector transport written to after it closed, become a
+    ``ConnectionError``; on a ``cluster`` client, an ``AttributeError`` or
+    ``KeyError`` from inside redis-py (seen while a slot migrates) becomes a
+    ``ClusterError``.
+    """
+    if (isinstance(exc, RuntimeError) and "unable to perform operation on" in str(exc)) or (
+        isinstance(exc, AttributeError) and _raised_in(exc, "/asyncio/")
+    ):
+        # (CPython 3.13's selector transport, written to after it closed, fails with
+        # "'NoneType' object has no attribute '_add_writer'".)
+        error: BaseException = RedisConnectionError(
+            f"the connection to the server was closed: {exc}"
+        )
+    elif cluster and isinstance(exc, AttributeError | KeyError) and _raised_in(exc, "/redis/"):
+        error = ClusterError(f"redis-py's cluster client failed inside ({exc!r})")
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether ``exc`` was raised inside ``package`` (``"/redis/"``): its innermost frame's file."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return package in tb.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 #: Which primitive makes a key of each type (``TYPE``): the lock's kind, in words.
@@ -51,6 +133,37 @@ KINDS: Final = {
     "zset": "a Semaphore",
     "hash": "a ReadWriteLock",
 }
+
+#: The note on a command the server refused to the client's user (ACL ``NOPERM``).
+NO_PERMISSION: Final = (
+    "aiolock: the server's ACL refused a command aiolock needs to this user; the rights "
+    "each primitive needs are listed under 'Permissions' in docs/production.md"
+)
+
+#: The errors of redis-py's cluster client that mean "not run": sent again as usual.
+_NOT_RUN: Final = (ClusterDownError,)
+
+
+def _closed_by_peer(conn: Any) -> bool:
+    """Whether ``conn``'s server closed or reset it already (nothing read is pending)."""
+    reader = getattr(conn, "_reader", None)
+    if reader is None:
+        return False
+    try:
+        return bool(reader.at_eof() or reader.exception() is not None)
+    except Exception:  # pragma: no cover - a reader of another make
+        return False
+
+
+def _pool_args(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection()`` needs: a command name before redis-py 5.3, else nothing."""
+    try:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # pragma: no cover - a pool without a signature
+        return ()
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return ("EVALSHA",)
+    return ()
 
 
 @final
@@ -62,11 +175,14 @@ class Wire:
     awaited that long, so that a slow link is not taken for contention.
     """
 
-    __slots__ = ("_rttvar", "_srtt", "allowance", "client", "cluster")
+    __slots__ = ("_direct", "_pool_args", "_rttvar", "_srtt", "allowance", "client", "cluster")
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        #: Commands go out on the pool's connections, sent by the wire itself.
+        self._direct = not self.cluster and not getattr(client, "single_connection_client", False)
+        self._pool_args = _pool_args(cast(Redis, client).connection_pool) if self._direct else ()
         self._srtt = 0.0  # smoothed round trip, seconds
         self._rttvar = 0.0  # its smoothed deviation
         #: How long an answer may take on this link; None before the first one came.
@@ -88,6 +204,23 @@ class Wire:
         allowance = 2 * srtt + 4 * rttvar
         self.allowance = allowance if allowance > MIN_ALLOWANCE else MIN_ALLOWANCE
 
+    def reachable(self) -> bool:
+        """Whether the client has a connection to the server: connected, or in its handshake.
+
+        False only when none of its pool's connections has a socket to the
+        server (it is down, or nothing listens there): a command still
+        waiting for a connection then cannot have reached it. Where the pool
+        cannot be looked into (a cluster, an unknown pool), True.
+        """
+        if not self._direct:
+            return True
+        pool = cast(Redis, self.client).connection_pool
+        try:
+            connections = [*pool._in_use_connections, *pool._available_connections]
+        except (AttributeError, TypeError):  # pragma: no cover - a pool of another make
+            return True
+        return any(c.is_connected for c in connections)
+
     async def ready(self) -> None:
         """Load a cluster's slot map before the first command (at once once loaded).
 
@@ -97,50 +230,152 @@ class Wire:
         if self.cluster:
             try:
                 await self.client.initialize()
-            except RuntimeError as exc:
-                raise translated(exc) from None
+            except (RuntimeError, AttributeError, KeyError) as exc:
+                raise translated(exc, self.cluster) from None
 
-    async def set_nx(self, key: str, token: str, ms: int) -> bool:
-        """``SET key token NX PX ms``: whether it was set."""
+    # -- sending -----------------------------------------------------------------------
+
+    async def _send(
+        self,
+        args: tuple[Any, ...],
+        *,
+        key: str | None = None,
+        once: bool = False,
+        trace: Trace | None = None,
+    ) -> Any:
+        """Send one command and return its reply: the only way out to the server.
+
+        ``once``: never send it again after it may have reached the server
+        (:class:`ReplyLost` instead). ``key``: the key it acts on (a
+        ``WRONGTYPE`` reply names the kind that holds it; a cluster sends a
+        ``once`` command to its node). ``trace`` is told when the command
+        goes out.
+        """
         try:
-            return bool(await self.client.execute_command("SET", key, token, "NX", "PX", ms))
-        except RuntimeError as exc:
-            raise translated(exc) from None
+            if self._direct:
+                return await self._send_direct(args, once, trace)
+            if trace is not None:
+                trace.reached = True  # not known: assume the worst
+            if once and self.cluster and key is not None:
+                return await self._send_to_node(args, key)
+            return await self.client.execute_command(*args)
+        except (RuntimeError, AttributeError, KeyError) as exc:
+            raise translated(exc, self.cluster) from None
+        except ResponseError as exc:
+            if isinstance(exc, NoPermissionError) or str(exc).startswith("ACL failure"):
+                # (A script's refused command is a plain "ACL failure in script" error.)
+                exc.add_note(NO_PERMISSION)
+                raise
+            if key is None or "WRONGTYPE" not in str(exc):
+                raise
+            raise await self.wrong_kind(key) from exc
 
-    async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+    async def _send_direct(self, args: tuple[Any, ...], once: bool, trace: Trace | None) -> Any:
+        """Send on a connection of the client's pool, under the connection's retry policy."""
+        client = cast(Redis, self.client)
+        pool = client.connection_pool
+        # The pool hands out a connected connection: a failure here sent nothing.
+        conn = await pool.get_connection(*self._pool_args)  # type: ignore[no-untyped-call]
+        sent = False
+
+        async def do() -> Any:
+            nonlocal sent
+            if once and _closed_by_peer(conn):
+                # (redis-py 8 hands out a pooled connection whose server went away, a
+                # restart say, without a look; its first command fails. A command that
+                # must not run twice goes out on a live connection, so that a failure
+                # afterwards means the server may have run it.)
+                await conn.disconnect()
+            if not conn.is_connected:
+                await conn.connect()  # a failure here sent nothing either
+            sent = True
+            if trace is not None:
+                trace.reached = True
+            await conn.send_command(*args)
+            return await client.parse_response(conn, args[0])
+
+        async def fail(error: BaseException) -> None:
+            nonlocal sent
+            await conn.disconnect()
+            if once and sent:
+                raise ReplyLost(
+                    f"the connection failed after {args[0]} was sent ({error}); "
+                    "not sent again, since it must not run twice"
+                ) from error
+            sent = False
+
+        try:
+            return await conn.retry.call_with_retry(do, fail)
+        finally:
+            await pool.release(conn)
+
+    async def _send_to_node(self, args: tuple[Any, ...], key: str) -> Any:
+        """A ``once`` command on a cluster: to ``key``'s node, without the cluster's retries."""
+        client = cast(RedisCluster, self.client)
+        try:
+            node = client.get_node_from_key(key)
+        except Exception:  # no slot map yet: redis-py's own routing (and retries)
+            node = None
+        if node is None:
+            return await client.execute_command(*args)
+        try:
+            return await client.execute_command(*args, target_nodes=node)
+        except _NOT_RUN:
+            return await client.execute_command(*args)  # not run: send it as usual
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise ReplyLost(
+                f"the connection to {node.name} failed while {args[0]} was in flight ({exc}); "
+                "not sent again, since it must not run twice"
+            ) from exc
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def set_nx(self, key: str, token: str, ms: int, trace: Trace | None = None) -> bool:
+        """``SET key token NX PX ms``: whether it was set.
+
+        Sent again on a connection error like any command: a ``SET`` that
+        ran and lost its reply answers "not set" the second time, and the
+        full attempt that follows finds the token its own.
+        """
+        return bool(await self._send(("SET", key, token, "NX", "PX", ms), trace=trace))
+
+    async def run(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        once: bool = False,
+        trace: Trace | None = None,
+    ) -> Any:
         """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply.
 
         If the server still does not know the script after loading it (a
         cluster client that loaded it on another node), the text is sent
-        with ``EVAL``, which runs where the keys are.
+        with ``EVAL``, which runs where the keys are. ``once``: see
+        :meth:`_send` (a ``NOSCRIPT`` reply means it did not run).
 
         Raises:
             LockError: the key is of another kind of primitive (``WRONGTYPE``).
+            ReplyLost: a ``once`` script may have run, and its reply was lost.
         """
+        key = keys[0] if keys else None
         try:
-            try:
-                return await self.client.execute_command(
-                    "EVALSHA", script.sha, len(keys), *keys, *args
-                )
-            except NoScriptError:
-                await self.client.execute_command("SCRIPT LOAD", script.text)
-                try:
-                    return await self.client.execute_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
-                except NoScriptError:
-                    # Loaded, yet unknown where the key is: seen with redis-py 7.4's
-                    # cluster client after a failover (every renewal got NOSCRIPT and
-                    # the lease ran out). EVAL carries the text to the key's node.
-                    return await self.client.execute_command(
-                        "EVAL", script.text, len(keys), *keys, *args
-                    )
-        except RuntimeError as exc:
-            raise translated(exc) from None
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            raise await self.wrong_kind(keys[0]) from exc
+            return await self._send(
+                ("EVALSHA", script.sha, len(keys), *keys, *args), key=key, once=once, trace=trace
+            )
+        except NoScriptError:
+            await self._send(("SCRIPT LOAD", script.text))
+        try:
+            return await self._send(
+                ("EVALSHA", script.sha, len(keys), *keys, *args), key=key, once=once, trace=trace
+            )
+        except NoScriptError:
+            # Loaded, yet unknown where the key is: seen with redis-py 7.4's cluster
+            # client after a failover. EVAL carries the text to the key's node.
+            return await self._send(
+                ("EVAL", script.text, len(keys), *keys, *args), key=key, once=once, trace=trace
+            )
 
     async def wrong_kind(self, key: str) -> LockError:
         """The error for a command that met ``key`` holding another kind of primitive."""
@@ -161,7 +396,8 @@ class Wire:
         """Run ``script``, then the command ``then`` on the same connection (one pipeline).
 
         ``WAIT`` counts the writes of its own connection: sent on another
-        pooled connection it would return at once.
+        pooled connection it would return at once. (The script answers the
+        same when run twice, so redis-py's retry of the pipeline is harmless.)
         """
         try:
             for _ in range(2):
@@ -171,11 +407,11 @@ class Wire:
                 try:
                     first, second = await pipe.execute()
                 except NoScriptError:  # a restarted or flushed server: load it, then again
-                    await self.client.execute_command("SCRIPT LOAD", script.text)
+                    await self._send(("SCRIPT LOAD", script.text))
                     continue
                 return first, second
-        except RuntimeError as exc:
-            raise translated(exc) from None
+        except (RuntimeError, AttributeError, KeyError) as exc:
+            raise translated(exc, self.cluster) from None
         raise NoScriptError(f"the script {script!r} could not be loaded")
 
     async def get(self, key: str) -> Any:
@@ -184,32 +420,16 @@ class Wire:
         Raises:
             LockError: the key is of another kind of primitive (``WRONGTYPE``).
         """
-        try:
-            return await self.client.execute_command("GET", key)
-        except RuntimeError as exc:
-            raise translated(exc) from None
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            raise await self.wrong_kind(key) from exc
+        return await self._send(("GET", key), key=key)
 
     async def pexpire(self, key: str, ms: int) -> bool:
         """``PEXPIRE key ms``: whether the key was there."""
-        try:
-            return bool(await self.client.execute_command("PEXPIRE", key, ms))
-        except RuntimeError as exc:
-            raise translated(exc) from None
+        return bool(await self._send(("PEXPIRE", key, ms)))
 
     async def pttl(self, key: str) -> int:
         """``PTTL key``: ms left, -1 without expiry, -2 when there is no key."""
-        try:
-            return int(await self.client.execute_command("PTTL", key))
-        except RuntimeError as exc:
-            raise translated(exc) from None
+        return int(await self._send(("PTTL", key)))
 
     async def exists(self, key: str) -> bool:
         """``EXISTS key``: whether the key is there."""
-        try:
-            return bool(await self.client.execute_command("EXISTS", key))
-        except RuntimeError as exc:
-            raise translated(exc) from None
+        return bool(await self._send(("EXISTS", key)))

@@ -30,6 +30,9 @@ import aiolock
 from aiolock import LockEvent
 from aiolock.testing import RedisServer, find_server_binary, server_version
 
+#: The contract suite's fixtures (``subject``, ``contract_servers``), for every module.
+pytest_plugins = ["contract"]
+
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item

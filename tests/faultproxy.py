@@ -84,6 +84,10 @@ class _Conn:
         self.to_client.attach(client)
         self.held = proxy._hold_new
         self.held_chunks: list[bytes] = []
+        #: The next reply on this connection is dropped and the connection reset.
+        self.drop_next_reply = False
+        #: The client subscribed on this connection (its replies may be delayed more).
+        self.pubsub = False
         self.client_closed = loop.create_future()
         self.upstream_closed = loop.create_future()
         self.connect_task: asyncio.Task[None] | None = None
@@ -95,18 +99,38 @@ class _Conn:
     # --- data --------------------------------------------------------------------------------
 
     def from_client(self, data: bytes) -> None:
-        if self.proxy._black_hole:
+        proxy = self.proxy
+        if proxy._black_hole:
             return
-        self.to_server.send(data, self.proxy._latency)
+        if not self.pubsub and b"SUBSCRIBE" in data.upper():
+            self.pubsub = True
+        if proxy._drops and not self.drop_next_reply:
+            for pattern, left in list(proxy._drops.items()):
+                if pattern in data:
+                    self.drop_next_reply = True
+                    if left > 1:
+                        proxy._drops[pattern] = left - 1
+                    else:
+                        del proxy._drops[pattern]
+                    break
+        self.to_server.send(data, proxy._latency)
 
     def from_server(self, data: bytes) -> None:
-        if self.proxy._black_hole:
+        proxy = self.proxy
+        if proxy._black_hole:
+            return
+        if self.drop_next_reply:
+            # The server ran the command: its reply is lost, and the connection reset.
+            self.drop_next_reply = False
+            proxy.replies_dropped += 1
+            self.abort()
             return
         if self.held:
             self.held_chunks.append(data)
             return
-        self.proxy._replies_forwarded += 1
-        self.to_client.send(data, self.proxy._latency)
+        proxy._replies_forwarded += 1
+        delay = proxy._latency + (proxy._pubsub_delay if self.pubsub else 0.0)
+        self.to_client.send(data, delay)
 
     def release(self) -> None:
         self.held = False
@@ -297,6 +321,10 @@ class FaultProxy:
         self._hold_new = False
         self._closing = False
         self._replies_forwarded = 0
+        self._drops: dict[bytes, int] = {}
+        self._pubsub_delay = 0.0
+        #: How many replies :meth:`drop_reply` dropped.
+        self.replies_dropped = 0
 
     @property
     def url(self) -> str:
@@ -344,8 +372,31 @@ class FaultProxy:
     def pass_through(self) -> None:
         """Forward normally: no latency, no black hole, held replies released."""
         self._latency = 0.0
+        self._pubsub_delay = 0.0
+        self._drops.clear()
         self._black_hole = False
         self.release_replies()
+
+    def drop_reply(self, pattern: bytes, count: int = 1) -> None:
+        """Lose the reply of the next ``count`` commands whose bytes contain ``pattern``.
+
+        Each such command reaches the server, which runs it; its reply is
+        dropped and the connection reset (an RST both ways), as when a load
+        balancer restarts between the command and its reply. A client that
+        retries sends the command again on a new connection.
+        """
+        self._drops[pattern] = self._drops.get(pattern, 0) + count
+
+    def delay_pubsub_replies(self, seconds: float) -> None:
+        """Delay what the server sends on subscribed connections by ``seconds`` more.
+
+        A connection counts as subscribed once its client sent ``SUBSCRIBE``
+        (or ``SSUBSCRIBE``); replies to (un)subscriptions and messages alike
+        come late, while other connections answer at once.
+        """
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        self._pubsub_delay = seconds
 
     def set_latency(self, seconds: float) -> None:
         """Delay every chunk forwarded in either direction by ``seconds`` (order is kept)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
+import uvicorn
 from faultproxy import FaultProxy
 
 from aiolock import LockEvent
@@ -60,6 +61,7 @@ __all__ = [
     "pid_gone",
     "run_on",
     "seed",
+    "serve_with_uvicorn",
     "started_servers",
     "the_miss",
     "wait_for_key",
@@ -508,3 +510,35 @@ async def start_python(
         stdout=stdout,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+#: Bounds on starting and stopping an in-process web server.
+_STARTUP = 10.0
+_SHUTDOWN = 10.0
+
+
+@contextlib.asynccontextmanager
+async def serve_with_uvicorn(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app in-process with uvicorn (lifespan on); yield its base URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(), name="test-uvicorn")
+    try:
+        await eventually(lambda: server.started or task.done(), "uvicorn to start", _STARTUP, 0.01)
+        if task.done():
+            await task
+            pytest.fail("uvicorn stopped during startup")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(_SHUTDOWN):
+            await task

@@ -38,10 +38,10 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Final
+from typing import Any, Final
 
 import pytest
 import redis.asyncio as redis
@@ -1085,3 +1085,76 @@ async def test_a_read_write_lock_on_every_master_keeps_readers_and_writers_apart
     assert all(shared[n] > 1 for n in names), dict(shared)
     for master in masters_of(cluster):
         assert_lock_commands_clean(master.port, await error_replies(master))
+
+
+# --- a slot migration ----------------------------------------------------------------------------
+
+
+#: The primitives a migration is tried with, made on a client for a name (ttl 0.6 s).
+MIGRATING_KINDS: Final[dict[str, Callable[[RedisCluster, str], Any]]] = {
+    "AsyncLock": lambda c, name: AsyncLock(c, name, ttl=0.6),
+    "Semaphore": lambda c, name: Semaphore(c, name, limit=1, ttl=0.6),
+    "ReadWriteLock": lambda c, name: ReadWriteLock(c, name, ttl=0.6).writer,
+}
+
+
+async def command(admin: redis.Redis, *args: object) -> Any:
+    """One raw command on a node (the cluster's own: CLUSTER SETSLOT, MIGRATE)."""
+    return await admin.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+async def migrate_slot(cluster: LocalCluster, key: str, *, hold: float) -> None:
+    """Move ``key``'s slot to another master as a reshard does, slowly.
+
+    ``MIGRATING`` on the source and ``IMPORTING`` on the target for ``hold``
+    seconds with the keys still on the source; then ``MIGRATE`` of every key
+    of the slot, ``hold`` seconds more; then ``SETSLOT NODE`` on both.
+    """
+    source = cluster.node_for_key(key)
+    target = next(m for m in masters_of(cluster) if m is not source)
+    slot = cluster.slot_for_key(key)
+    a_source, a_target = direct(source), direct(target)
+    try:
+        source_id = await command(a_source, "CLUSTER", "MYID")
+        target_id = await command(a_target, "CLUSTER", "MYID")
+        await command(a_target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        await command(a_source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        await asyncio.sleep(hold)
+        for moved in await command(a_source, "CLUSTER", "GETKEYSINSLOT", slot, 1000):
+            await command(a_source, "MIGRATE", target.host, target.port, moved, 0, 5000)
+        await asyncio.sleep(hold)
+        for admin in (a_source, a_target):
+            await command(admin, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    finally:
+        await a_source.aclose()
+        await a_target.aclose()
+
+
+@pytest.mark.parametrize("kind", list(MIGRATING_KINDS))
+async def test_a_held_lock_survives_its_slots_migration_and_a_waiter_gets_it_after(
+    cluster: LocalCluster, clients: Clients, tag: str, kind: str
+) -> None:
+    """A holding renews through a 2.4 s migration of its slot (four leases); nothing is lost.
+
+    While the slot migrates, a script whose declared keys are split between
+    the nodes is refused (TRYAGAIN): the renewal scripts declare the lock's
+    key alone, so they run wherever it is. Before, the renewals failed with
+    redis-py's ``ClusterError`` ("TTL exhausted") and the holding was lost
+    after one lease. A waiter of another client meanwhile has no verdict (its
+    attempts are refused too): it waits, without an error, and gets the lock
+    once the holder releases it on the new master.
+    """
+    name = f"{tag}:migrating"
+    holder_client, waiter_client = clients(cluster), clients(cluster)
+    make = MIGRATING_KINDS[kind]
+    lock = make(holder_client, name)
+    assert await lock.acquire()
+    waiter = make(waiter_client, name)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20.0))
+    await migrate_slot(cluster, key_of(name), hold=1.2)
+    assert not lock.lost, "the holding was lost in the migration"
+    assert await lock.owned()
+    assert not waiting.done(), "the waiter got a lock that is still held"
+    await lock.release()
+    assert await asyncio.wait_for(waiting, 20.0)
+    await waiter.release()

@@ -7,11 +7,15 @@ redis-py with a bare ``RuntimeError("unable to perform operation on
 translates ``OSError``). Callers who catch ``redis.exceptions.RedisError``
 around ``async with lock`` would miss it. aiolock turns exactly that error into
 ``redis.exceptions.ConnectionError`` (with the original as its cause).
+
+A server that cannot be reached at all does not stretch a deadline either:
+an attempt still waiting for a connection at its deadline is abandoned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -21,7 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import AsyncLock
 from aiolock._keys import Keys
-from aiolock.testing import RedisServer
+from aiolock.testing import RedisServer, free_port
 
 
 async def _after_reset(
@@ -70,3 +74,26 @@ async def test_reset_connection_raises_redis_connection_error(
         assert await admin.exists(Keys(name).lock) == 0
     finally:
         await admin.aclose()
+
+
+@pytest.mark.parametrize("timeout", [0.2, 1.0])
+async def test_acquire_against_a_closed_port_ends_within_its_timeout(timeout: float) -> None:
+    """Nothing listens: acquire(timeout=t) raises redis-py's ConnectionError within t + 0.5 s.
+
+    The client is the README's ``redis.Redis(port=...)``, whose default retry
+    policy keeps reconnecting for seconds (5.0-5.2 s before, whatever the
+    timeout). An attempt that is still waiting for a connection at the
+    deadline cannot have reached the server: it is abandoned there, and
+    there is nothing to undo.
+    """
+    client = redis.Redis(port=free_port())
+    try:
+        lock = AsyncLock(client, "nobody-listens")
+        started = time.monotonic()
+        with pytest.raises(RedisConnectionError):
+            await lock.acquire(timeout=timeout)
+        took = time.monotonic() - started
+        assert took < timeout + 0.5, f"took {took:.2f} s"
+        assert not lock.lost
+    finally:
+        await client.aclose()

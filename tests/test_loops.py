@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -76,9 +77,11 @@ def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
 ) -> None:
     """Regression (issue 17): a new event loop does not inherit the old loop's holder.
 
-    The first ``asyncio.run`` acquires and ends without releasing; once the
-    lease is over on the server, the second acquires at once, through the
-    same lock object or a new one on the same clients.
+    The first ``asyncio.run`` acquires and ends without releasing: as its
+    loop shuts down, a ResourceWarning says the lock was never released (its
+    renewal stops there). Once the lease is over on the server, the second
+    acquires at once, through the same lock object or a new one on the same
+    clients.
     """
     name = f"loops-{kind}-{same_object}-{request.node.name[-20:]}"
     clients, make = lock_maker(kind, servers)
@@ -88,7 +91,9 @@ def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
         assert await first.acquire()
         await close_all(clients)
 
-    asyncio.run(hold_and_leave())
+    never_released = rf"lock {re.escape(repr(name))} was never released.*shut down"
+    with pytest.warns(ResourceWarning, match=never_released):
+        asyncio.run(hold_and_leave())
     expire_everywhere(servers, first.key)
     again = first if same_object else make(name)
 
@@ -101,9 +106,9 @@ def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
 def test_a_forked_child_starts_with_a_clean_local_queue(servers: list[RedisServer]) -> None:
     """Regression (issue 17): a child forked after its parent's loop held a lock acquires at once.
 
-    The parent's loop ended with the lock held; its lease then ran out. The
-    child inherits the client and the lock object and takes the lock in a
-    loop of its own, within a second.
+    The parent's loop ended with the lock held (a ResourceWarning says so);
+    its lease then ran out. The child inherits the client and the lock
+    object and takes the lock in a loop of its own, within a second.
     """
     clients, make = lock_maker("AsyncLock", servers)
     lock = make("forked-child")
@@ -112,7 +117,8 @@ def test_a_forked_child_starts_with_a_clean_local_queue(servers: list[RedisServe
         assert await lock.acquire()
         await close_all(clients)
 
-    asyncio.run(hold_and_leave())
+    with pytest.warns(ResourceWarning, match="'forked-child' was never released"):
+        asyncio.run(hold_and_leave())
     expire_everywhere(servers, lock.key)
 
     async def take() -> int:

@@ -18,6 +18,7 @@ would fail by chance.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import re
 import statistics
@@ -1081,7 +1082,9 @@ async def test_extend_returns_true_and_every_failure_raises(env: Env) -> None:
     assert await new.acquire(blocking=False)
     try:
         assert await new.extend(ttl=5.0) is True
-        assert await asyncio.create_task(_extend_result(new)) == "LockNotOwnedError"
+        # A task that is not the holder's (a fresh context: not started by it).
+        stranger = asyncio.create_task(_extend_result(new), context=contextvars.Context())
+        assert await stranger == "LockNotOwnedError"
         await env.admin.set(new.key, "someone else", px=5_000)
         with pytest.raises(LockLostError):
             await new.extend()
@@ -1737,3 +1740,46 @@ async def test_a_lost_lock_and_the_bodys_exception(env: Env) -> None:
         assert notes, f"no aiolock note on {error!r}"
         assert any("lost" in n for n in notes), notes
     assert type(quiet) is LockLostError
+
+
+@proves("A lock acquired in a helper task.")
+@pytest.mark.parametrize("helper", ["wait_for", "task"])
+async def test_a_lock_acquired_in_a_helper_task_is_renewed_here_and_not_there(
+    env: Env, helper: str
+) -> None:
+    """Acquired by a helper task, then 0.9 s of work on a 0.3 s lease; another client tries.
+
+    redis-py: nothing renews, the other client gets the lock mid-work, and
+    the late release raises. aiolock: the holding is detached when its
+    acquiring task ends (``wait_for`` on CPython 3.11, a task on every
+    version) and renewed; the other client is kept out, ``owned()`` is True,
+    and the release succeeds.
+    """
+
+    async def in_a_helper(acquiring: Awaitable[bool]) -> bool:
+        if helper == "wait_for":
+            return await asyncio.wait_for(acquiring, 5)
+        return await asyncio.create_task(_awaited(acquiring))
+
+    old = RedisPyLock(env.one, env.name, timeout=0.3)
+    assert await in_a_helper(old.acquire(blocking=False))
+    await asyncio.sleep(0.9)
+    intruder = RedisPyLock(env.two, env.name, timeout=5)
+    assert await intruder.acquire(blocking=False), "redis-py: the lease ran out mid-work"
+    with pytest.raises(RedisPyLockNotOwnedError):
+        await old.release()
+    await intruder.release()
+
+    new = AsyncLock(env.one, env.name, ttl=0.3)
+    assert await in_a_helper(new.acquire())
+    await asyncio.sleep(0.9)
+    assert not await AsyncLock(env.two, env.name).acquire(blocking=False)
+    assert await new.owned()
+    await new.release()
+    assert not new.lost
+    assert await env.admin.exists(new.key) == 0
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` (so that a task can run it)."""
+    return await awaitable

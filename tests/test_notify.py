@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from support import calls, eventually, holds_on_server, keys_of, listeners_gone
+from faultproxy import FaultProxy
+from support import calls, connected, eventually, holds_on_server, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
-from aiolock._notify import LINGER
+from aiolock._lease import ServerLease
+from aiolock._notify import LINGER, grant_tag, listeners_of
 from aiolock._queue import LOCAL_RUN
 from aiolock.testing import RedisServer
 
@@ -764,3 +766,66 @@ async def test_cancelled_head_hands_the_wait_to_the_next_local_waiter(
     assert await done_within(second, WAKE_BOUND, "the new head holds")
     assert lock.statistics() == LockStatistics(held=True, owner=second, tasks_waiting=0)
     await lock.release()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_channel_asked_for_again_while_its_unsubscribe_is_in_flight_stays_live(
+    server: RedisServer,
+    start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]],
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+) -> None:
+    """50 re-contentions right after the channel was dropped: every hand-off within its bound.
+
+    The listener drops a channel nobody waited on for LINGER and sends
+    UNSUBSCRIBE; a waiter that subscribes again before that reply is back
+    must keep its new channel. Here every pub/sub reply comes 0.1 s late
+    (the proxy), and each round starts its waiter the moment the channel is
+    dropped. The regression: the late reply was taken for "the server
+    dropped it", the new channel forgotten, and its grant thrown away; the
+    waiter learned of it at its next entry refresh (1.0-1.4 s), in 5 of 80
+    hand-offs on a 20 ms link and 6 of 6 at this delay. The bound, 0.1 s and
+    the link (0.25 s: a loopback round trip, and scheduling on two loaded
+    cores), is a fifth of that.
+    """
+    if type(asyncio.get_running_loop()).__module__.startswith("uvloop"):
+        pytest.skip("the listener's bookkeeping is the same on both loops: asyncio's only (30 s)")
+    late = 0.1
+    proxy = await start_proxy(server)
+    proxy.delay_pubsub_replies(late)
+    async with connected(proxy.url) as waiting:
+        lock = AsyncLock(waiting, name, backoff=backoff.constant(LONG_STEP))
+        holder = AsyncLock(other_client, name)
+        channel = channel_of(lock).encode()
+        took: list[float] = []
+        for _ in range(50):
+            assert await holder.acquire()
+            await eventually(
+                lambda: _dropped(waiting, channel), "the channel to be dropped", timeout=3.0
+            )
+            waiter = asyncio.create_task(lock.acquire())
+            await eventually(lambda: _granted_channel_subscribed(admin, lock), "a subscription")
+            released = time.monotonic()
+            await holder.release()
+            assert await asyncio.wait_for(waiter, 5.0)
+            took.append(time.monotonic() - released)
+            await lock.release()
+    # The link: a loopback round trip, and room for scheduling on two loaded cores.
+    link = 0.25
+    slow = [round(t, 3) for t in took if t > late + link]
+    assert not slow, f"hand-offs past {late} s + the link: {slow} (of {len(took)})"
+
+
+async def _dropped(client: redis.Redis, channel: bytes) -> bool:
+    """Whether ``client``'s listener no longer serves ``channel`` (it dropped it)."""
+    return all(channel not in listener._channels for listener in listeners_of(client).values())
+
+
+async def _granted_channel_subscribed(admin: redis.Redis, lock: AsyncLock) -> bool:
+    """Whether the server has a subscriber on the grant channel of ``lock``'s process."""
+    lease = lock._lease
+    assert isinstance(lease, ServerLease)
+    tag = grant_tag(lease.wire.client, channel_of(lock))
+    return await numsub(admin, f"{channel_of(lock)}:{tag}") == 1

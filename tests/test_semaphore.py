@@ -418,3 +418,28 @@ async def test_a_grant_to_a_waiter_that_does_not_renew_gives_it_its_whole_lease(
     await waiter.release()
     for holder in holders[1:]:
         await holder.release()
+
+
+async def test_a_caller_with_a_smaller_limit_can_be_granted_past_it(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Two limits on one name: the caller with limit=1 holds while another permit is held.
+
+    The limit is each caller's own: a release by a caller with ``limit=3``
+    grants free permits (up to 3) to whoever is queued, a ``limit=1`` waiter
+    included, while the releaser's other permit is still held. So the extra
+    holder need not be the caller with the larger limit (as docs/production.md
+    says); the one rule is one limit per name.
+    """
+    large = [Semaphore(client, name, 3) for _ in range(2)]
+    for sem in large:
+        assert await sem.acquire()
+    small = Semaphore(other_client, name, 1)
+    waiting = asyncio.create_task(small.acquire(timeout=5.0))
+    await eventually(functools.partial(_queue_is, admin, small, 1), "the limit=1 caller queued")
+    await large[0].release()  # limit 3: one permit of 3 is held, so it grants the queued one
+    assert await waiting
+    assert len(await holders(admin, small)) == 2, "the limit=1 caller holds with another"
+    await small.release()
+    await large[1].release()
+    assert await admin.exists(large[1].key) == 0

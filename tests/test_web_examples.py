@@ -27,9 +27,8 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as redis
-import uvicorn
 from aiohttp import web
-from support import eventually, load_example
+from support import eventually, load_example, serve_with_uvicorn
 
 from aiolock import AsyncLock, Semaphore
 from aiolock._keys import Keys
@@ -55,33 +54,6 @@ SETTLE = 3.0
 
 fastapi_app = load_example("fastapi_app.py")
 aiohttp_app = load_example("aiohttp_app.py")
-
-
-@contextlib.asynccontextmanager
-async def serve_with_uvicorn(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app in-process with uvicorn (lifespan on); yield its base URL."""
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="on",
-        log_config=None,
-        log_level="warning",
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(), name="test-uvicorn")
-    try:
-        await eventually(lambda: server.started or task.done(), "uvicorn to start", STARTUP, 0.01)
-        if task.done():
-            await task
-            pytest.fail("uvicorn stopped during startup")
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(SHUTDOWN):
-            await task
 
 
 @contextlib.asynccontextmanager
