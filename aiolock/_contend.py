@@ -235,6 +235,12 @@ async def _contend(
                 timer.cancel()
                 timer = None
             if deadline is not None and now >= deadline:
+                if reply is None and call.waiting and not call.reached:
+                    raise RedisTimeoutError(
+                        f"lock {lease.name!r}: no connection of the client's pool came "
+                        f"free within {call.unanswered:.2g} s (other commands of the "
+                        "client hold them all); not acquired, and nothing was sent"
+                    )
                 if reply is None:
                     # No verdict: "not acquired" would claim that someone holds it.
                     raise unanswered or RedisTimeoutError(

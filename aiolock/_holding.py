@@ -7,8 +7,8 @@ same way for all of them:
 
 * ``acquire()``: arguments, re-entry, the deadline, and the wait loop
   (:mod:`aiolock._contend`);
-* the holdings per task (``_by_task``), each watched by a timer or a
-  renewal task (:mod:`aiolock._renewal`), and reported lost through
+* the holdings per task (``_by_task``), each watched by a timer or by
+  the loop's renewer (:mod:`aiolock._renewal`), and reported lost through
   ``lost``, ``on_lost`` and ``cancel_on_lost``; a holding whose acquiring
   task ended (``_detached``) stays held and renewed until released, lost,
   capped, or unreachable (the lock object garbage-collected: ``__del__``);
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
 import logging
 import os
@@ -48,7 +47,7 @@ from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedE
 from ._lease import GRACE, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo
-from ._renewal import Holding, keep_alive, never_released, watchdog_ended
+from ._renewal import Holding, never_released, renewer_for
 from ._timers import Cutoff, Timer, call_at
 
 __all__ = ["LeaseLock", "LockStatistics", "current_task"]
@@ -450,6 +449,7 @@ class LeaseLock:
             sent,
             won.fence if lease.fencing else None,
             queue,
+            lease,
         )
         if self._max_hold is not None:
             holding.hold_end = sent + self._max_hold
@@ -486,15 +486,18 @@ class LeaseLock:
 
     # -- watching a holding ------------------------------------------------------------
 
-    def _start_renewal(self, holding: Holding) -> None:
+    def _start_renewal(self, holding: Holding, due: float | None = None) -> None:
+        """Hand ``holding`` to its loop's renewer, due at ``due``.
+
+        By default it is due now, or at its next renewal point if an
+        ``extend()`` put that later.
+        """
         holding.timer = None
         if not holding.live:
             return
-        renewal = holding.renewal = asyncio.get_running_loop().create_task(
-            keep_alive(holding, self._lease, weakref.ref(self)),
-            name=f"aiolock renewal of {self._name!r}",
-        )
-        renewal.add_done_callback(functools.partial(watchdog_ended, holding))
+        if due is None:
+            due = max(time.monotonic(), holding.next_due())
+        renewer_for(holding.task.get_loop()).add(holding, weakref.ref(self), due)
 
     def _lease_over(self, holding: Holding) -> None:
         holding.timer = None
@@ -517,11 +520,12 @@ class LeaseLock:
         if holding is None or not holding.live:
             return
         self._detached.append(holding)
-        if holding.renewal is None and holding.timer is not None and self._auto_renew:
-            # Its watchdog starts now rather than at its first renewal point: a loop
+        timer = holding.timer
+        if holding.renewer is None and timer is not None and self._auto_renew:
+            # It joins the renewer now rather than at its first renewal point: a loop
             # that shuts down cancels tasks, not timers, and the holding must be told.
-            holding.timer.cancel()
-            self._start_renewal(holding)
+            timer.cancel()
+            self._start_renewal(holding, timer.when)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("lock %r: its acquiring task ended; the holding goes on", self._name)
 
@@ -541,9 +545,10 @@ class LeaseLock:
         if holding.timer is not None:
             holding.timer.cancel()
             holding.timer = None
-        renewal = holding.renewal
-        if renewal is not None and renewal is not asyncio.current_task():
-            renewal.cancel()
+        renewer = holding.renewer
+        if renewer is not None:
+            # The renewer's task, if this was its last holding: the release awaits it.
+            holding.renewal = renewer.remove(holding)
 
     def _declare_lost(self, holding: Holding, reason: str) -> None:
         """Mark ``holding`` lost: flag, baton, ``cancel_on_lost``, ``on_lost``."""
@@ -591,7 +596,7 @@ class LeaseLock:
         if holding.timer is not None:
             holding.timer.cancel()
             holding.timer = None
-        if holding.renewal is not None:
+        if holding.renewer is not None:
             self._stop_watching(holding)
         if self._by_task.get(holding.task) is holding:
             del self._by_task[holding.task]
@@ -789,7 +794,24 @@ class LeaseLock:
         if span <= 0:  # too little of the cap left to count a lease
             self._declare_lost(holding, holding.cap_reason())
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-        if not await lease.extend(holding.token, asked):
+        # No renewal is sent while this extend is in flight. One sent before may still be
+        # unanswered: the server may run it after this one, with the lease it asked for;
+        # the holder counts the shorter of the two until a renewal after this extend lands.
+        holding.extending = True
+        flying = holding.flying_end if holding.flight is not None else None
+        soon = False
+        try:
+            extended = await lease.extend(holding.token, asked)
+            if extended and holding.live:
+                holding.renewed(sent, new_ttl, span, capped=asked < new_ttl)
+                if flying is not None and flying < holding.lease_end:
+                    holding.lease_end = flying
+                    soon = True
+        finally:
+            holding.extending = False
+            if holding.renewer is not None:
+                holding.renewer.reschedule(holding, soon=soon)
+        if not extended:
             self._declare_lost(holding, f"{lease.gone} at extend()")
             raise LockLostError(
                 f"lock {self._name!r} is no longer held by this holder: {lease.gone}; "
@@ -797,7 +819,6 @@ class LeaseLock:
             )
         if holding.is_lost():  # declared lost while the extend was in flight
             raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
-        holding.renewed(sent, new_ttl, span, capped=asked < new_ttl)
         self._event("renewed", holding)
         if not self._auto_renew and holding.timer is not None:
             holding.timer.cancel()

@@ -34,9 +34,10 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, Protocol, final
+from collections.abc import Awaitable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast, final
 
+from redis.crc import key_slot
 from redis.exceptions import ClusterError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -47,7 +48,7 @@ from ._checks import check_ttl, to_ms
 from ._exceptions import LockError
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
-from ._scripts import ACQUIRE, EXTEND, HANDOVER, LEAVE, RELEASE, Script
+from ._scripts import ACQUIRE, EXTEND, EXTEND_MANY, HANDOVER, LEAVE, RELEASE, Script
 from ._timers import Cutoff, Timer
 from ._wire import ReplyLost, Wire
 
@@ -133,6 +134,7 @@ class Call:
         "renews",
         "token",
         "unanswered",
+        "waiting",
     )
 
     def __init__(self) -> None:
@@ -150,6 +152,9 @@ class Call:
         #: The latest attempt may have reached the server (it went out on a connection);
         #: one that did not has nothing to undo (see :class:`~aiolock._wire.Trace`).
         self.reached = False
+        #: The latest attempt waits in the process for a free slot of the client or a
+        #: connection of its exhausted pool (see :class:`~aiolock._wire.Trace`).
+        self.waiting = False
         self._cleanup_end: float | None = None
 
     def cleanup(self, bound: float) -> float:
@@ -273,6 +278,26 @@ class Lease(Protocol):
         """Reset the lease of ``token`` to ``ttl``; False if it is no longer ours."""
         ...
 
+    def batch_key(self) -> Hashable:
+        """What the leases renewed together in one :meth:`extend_many` share.
+
+        Leases with equal keys can be renewed by one call: the same
+        server(s), script and hash slot.
+        """
+        ...
+
+    async def extend_many(self, batch: Sequence[Extension]) -> list[bool | Exception]:
+        """:meth:`extend` for every ``(lease, token, ttl)`` of ``batch``, in as few calls as can be.
+
+        Every lease of ``batch`` has this lease's :meth:`batch_key`. Returns
+        one outcome per item, in order: True (renewed), False (no longer
+        ours), or the error that leaves it open.
+
+        Raises:
+            Exception: the call failed for every item.
+        """
+        ...
+
     async def undo(self, token: str, call: Call | None = None) -> None:
         """Delete the lock if it holds ``token``: shielded, bounded, best effort.
 
@@ -320,6 +345,12 @@ class Lease(Protocol):
         """Whether ``token`` holds the lock now (asks the server)."""
         ...
 
+
+#: One renewal of a batch: the holding's lease, its token and the lease (seconds) to ask for.
+Extension = tuple[Lease, str, float]
+
+#: The most holdings one server call renews.
+BATCH_MOST: Final = 100
 
 #: How many leases a client remembers for the next lock made with the same options.
 _REMEMBERED: Final = 1024
@@ -440,6 +471,7 @@ class ServerLease:
         "_replica_timeout",
         "_replicas",
         "_site",
+        "_slot",
         "accepts_grants",
         "bare_first",
         "fencing",
@@ -460,6 +492,7 @@ class ServerLease:
     _RELEASE = RELEASE
     _LEAVE = LEAVE
     _EXTEND = EXTEND
+    _EXTEND_MANY = EXTEND_MANY
 
     def __init__(
         self,
@@ -506,10 +539,12 @@ class ServerLease:
         self._acquire_keys = (keys.lock, keys.queue, keys.fence)
         self._release_args: tuple[str, ...] = (keys.channel, "1" if self.wire.cluster else "0")
         self._site = site
+        # Only holdings of one slot are renewed by one script on a cluster.
+        self._slot = key_slot(keys.lock.encode()) if self.wire.cluster else None
         self._queues = site.queues
         self._listeners = site.listeners if notify else None
         # A fair lease's acquisitions in progress (their local queues), for statistics.
-        self._calls: weakref.WeakSet[LocalQueue] = weakref.WeakSet()
+        self._calls: weakref.WeakSet[LocalQueue] | None = None  # (made at the first)
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease: a finite number of seconds, at least 1 ms."""
@@ -527,6 +562,8 @@ class ServerLease:
         """
         if self._fair:
             queue = LocalQueue({}, self.key, loop)
+            if self._calls is None:
+                self._calls = weakref.WeakSet()
             self._calls.add(queue)
             return queue
         # Keyed by the kind's queue, not the lock key: a lock and a semaphore of one
@@ -541,7 +578,8 @@ class ServerLease:
         """With ``fair``, how many acquisitions wait in their own local queues; else None."""
         if not self._fair:
             return None
-        return sum(1 for q in self._calls if q.owner is not None and q.holder is None)
+        calls = self._calls or ()
+        return sum(1 for q in calls if q.owner is not None and q.holder is None)
 
     def generation(self) -> int | None:
         """The release channel's generation if this process listens to it, else None."""
@@ -603,6 +641,7 @@ class ServerLease:
         if queue_up and not bare:
             call.queued = True  # from now on it may be queued (the undo takes it out)
         call.reached = False
+        call.waiting = False
         if bare:
             sending: Awaitable[Any] = wire.set_nx(self.key, token, self._ms, call)
         else:
@@ -676,13 +715,15 @@ class ServerLease:
         waiting for a connection while the client has none to the server (it
         is down, or nothing listens there) cannot have reached it: it is
         abandoned there, whatever the client's retry policy would do next,
-        and raises redis-py's ``ConnectionError`` (nothing to undo).
+        and raises redis-py's ``ConnectionError`` (nothing to undo). One still
+        waiting in the process for a slot or a pooled connection (the pool is
+        exhausted: back-pressure) is cut off there too (None; nothing to undo).
         """
         inner = asyncio.ensure_future(sending)
         try:
             first = (deadline if deadline > sent else sent) + CONNECT_GRACE
             await asyncio.wait((inner,), timeout=max(0.0, first - time.monotonic()))
-            if not inner.done() and (call.reached or self.wire.reachable()):
+            if not inner.done() and (call.reached or (self.wire.reachable() and not call.waiting)):
                 await asyncio.wait((inner,), timeout=max(0.0, sent + self.span - time.monotonic()))
         except BaseException:
             inner.cancel()
@@ -691,11 +732,12 @@ class ServerLease:
         if inner.done():
             return inner.result()
         connected = call.reached or self.wire.reachable()  # (before the cut-off disconnects)
+        queued_here = call.waiting and not call.reached
         inner.cancel()
         await finish([inner])
         if not inner.cancelled():
             return inner.result()  # it ended meanwhile
-        if connected:
+        if connected or queued_here:
             return None  # cut off at the lease end: undone by the caller
         raise RedisConnectionError(
             f"lock {self.name!r}: no connection to the server within "
@@ -930,10 +972,36 @@ class ServerLease:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
         sent = time.monotonic()
         extended = bool(
-            await self.wire.run(self._EXTEND, (self.key,), (token, to_ms(ttl), self.keys.queue))
+            await self.wire.run(
+                self._EXTEND, (self.key,), (token, to_ms(ttl), self.keys.queue), urgent=True
+            )
         )
         self.wire.observe(time.monotonic() - sent)
         return extended
+
+    def batch_key(self) -> Hashable:
+        """The client, the kind's extend script and (on a cluster) the key's hash slot."""
+        return (self._site, self._EXTEND_MANY, self._slot)
+
+    async def extend_many(self, batch: Sequence[Extension]) -> list[bool | Exception]:
+        """Extend every item of ``batch`` with one script call (see :meth:`Lease.extend_many`).
+
+        ``batch`` holds at most :data:`BATCH_MOST` items; one item is one
+        :meth:`extend`.
+        """
+        if len(batch) == 1:
+            lease, token, ttl = batch[0]
+            return [await lease.extend(token, ttl)]
+        keys: list[str] = []
+        args: list[Any] = [self.keys.queue[len(self.key) :]]  # the kind's queue suffix
+        for lease, token, ttl in batch:
+            server = cast(ServerLease, lease)  # (its batch key says so)
+            keys.append(server.key)
+            args += (token, to_ms(ttl))
+        sent = time.monotonic()
+        replies = await self.wire.run(self._EXTEND_MANY, tuple(keys), tuple(args), urgent=True)
+        self.wire.observe(time.monotonic() - sent)
+        return [bool(reply) for reply in replies]
 
     async def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool

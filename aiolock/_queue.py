@@ -139,12 +139,13 @@ class LocalQueue:
         self.holder: asyncio.Task[Any] | None = None  # the baton holder, once it holds the lock
         self.run_started = 0.0  # when the lock last came from the server, not a hand-over
         self.reserved: Entry | None = None  # the waiter a hand-over in flight is for
-        self._waiters: deque[Entry] = deque()
+        self._waiters: deque[Entry] | None = None  # (made at the first waiter: a held lock's
+        # queue usually never has one, and an empty deque is 600 bytes)
 
     @property
     def waiting(self) -> int:
         """How many local tasks wait for the baton (one it is being handed to included)."""
-        return len(self._waiters) + (self.reserved is not None)
+        return len(self._waiters or ()) + (self.reserved is not None)
 
     def take(self, task: asyncio.Task[Any]) -> bool:
         """Take the baton at once if nobody has it or waits for it (the fast path)."""
@@ -182,6 +183,8 @@ class LocalQueue:
         if not blocking:
             return None
         entry = Entry(task, heir, asyncio.get_running_loop().create_future())
+        if self._waiters is None:
+            self._waiters = deque()
         self._waiters.append(entry)
         try:
             if deadline is None:
@@ -207,8 +210,9 @@ class LocalQueue:
                 await entry.heir.undo(ticket.token)
         else:
             future.cancel()
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(entry)
+            if self._waiters is not None:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
 
     def reserve(self) -> Entry | None:
         """Take the first live waiter out of the queue; the baton is in transit to it.

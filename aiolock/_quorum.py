@@ -26,15 +26,15 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, final
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Final, cast, final
 
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._checks import MAX_SECONDS, check_seconds, too_long
-from ._lease import NOT_HELD, Call, Reply, ServerLease, Unanswered
+from ._lease import NOT_HELD, Call, Extension, Reply, ServerLease, Unanswered
 from ._queue import LocalQueue, queue_for
 from ._timers import Timer
 from ._types import Client
@@ -334,7 +334,17 @@ class QuorumLease:
         """
         sent = time.monotonic()
         outcomes = await self._on_every_node(lambda node: node.extend(token, ttl), patient=False)
-        elapsed = time.monotonic() - sent
+        verdict = self._extended(outcomes, ttl, time.monotonic() - sent)
+        if isinstance(verdict, Exception):
+            raise verdict
+        return verdict
+
+    def _extended(self, outcomes: Sequence[object], ttl: float, elapsed: float) -> bool | Exception:
+        """What the nodes' ``outcomes`` of an extend to ``ttl`` that took ``elapsed`` s say.
+
+        True: a majority extended, with validity left; False: too few nodes
+        can still hold our key; else the error that leaves it open.
+        """
         extended = sum(1 for o in outcomes if o is True)
         failed = [o for o in outcomes if isinstance(o, Exception)]
         if extended + len(failed) < self.quorum:
@@ -342,11 +352,43 @@ class QuorumLease:
         if extended >= self.quorum:
             if ttl - elapsed - drift(ttl) > 0:
                 return True
-            raise RedisTimeoutError(
+            return RedisTimeoutError(
                 f"extending lock {self.name!r} took {elapsed:.3f} s, more than the "
                 f"{ttl:g} s lease it asked for"
             )
-        raise failed[-1]
+        return failed[-1]
+
+    def batch_key(self) -> Hashable:
+        """The nodes' batch keys, in order: Redlocks over the same servers renew together."""
+        return tuple(node.batch_key() for node in self._nodes)
+
+    async def extend_many(self, batch: Sequence[Extension]) -> list[bool | Exception]:
+        """Extend every item of ``batch`` with one call per node (see ``Lease.extend_many``).
+
+        Each node renews its part of every item at once, within
+        ``node_timeout``; each item is then judged on its own as
+        :meth:`extend` judges one.
+        """
+        leases = [cast(QuorumLease, lease) for lease, _, _ in batch]  # (their batch key says so)
+        where = {id(node): index for index, node in enumerate(self._nodes)}
+
+        async def on(node: ServerLease) -> list[bool | Exception]:
+            index = where[id(node)]
+            parts = zip(leases, batch, strict=True)
+            return await node.extend_many(
+                [(lease._nodes[index], token, ttl) for lease, (_, token, ttl) in parts]
+            )
+
+        sent = time.monotonic()
+        outcomes = await self._on_every_node(on, patient=False)
+        elapsed = time.monotonic() - sent
+        verdicts: list[bool | Exception] = []
+        for item, lease in enumerate(leases):
+            answers = [
+                o if isinstance(o, Exception) else cast(list[object], o)[item] for o in outcomes
+            ]
+            verdicts.append(lease._extended(answers, batch[item][2], elapsed))
+        return verdicts
 
     async def hand_over(self, token: str, heir: object, heir_token: str, may_yield: bool) -> None:
         """A quorum does not hand over: the next local task contends after the release."""

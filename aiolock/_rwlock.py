@@ -25,7 +25,7 @@ from ._exceptions import LockError
 from ._holding import LeaseLock, current_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
 from ._lease import ServerLease
-from ._scripts import RW_ACQUIRE, RW_EXTEND, RW_LEAVE, RW_RELEASE, RW_STATE
+from ._scripts import RW_ACQUIRE, RW_EXTEND, RW_EXTEND_MANY, RW_LEAVE, RW_RELEASE, RW_STATE
 from ._timers import Cutoff
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ class RWLease(ServerLease):
     _RELEASE = RW_RELEASE
     _LEAVE = RW_LEAVE
     _EXTEND = RW_EXTEND
+    _EXTEND_MANY = RW_EXTEND_MANY
 
     def __init__(
         self, client: Client, name: str, keys: Keys, ttl: float, kind: Kind, *, notify: bool

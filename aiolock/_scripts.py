@@ -45,17 +45,20 @@ from typing import final
 __all__ = [
     "ACQUIRE",
     "EXTEND",
+    "EXTEND_MANY",
     "HANDOVER",
     "LEAVE",
     "QUEUE_SLACK_MS",
     "RELEASE",
     "RW_ACQUIRE",
     "RW_EXTEND",
+    "RW_EXTEND_MANY",
     "RW_LEAVE",
     "RW_RELEASE",
     "RW_STATE",
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_EXTEND",
+    "SEMAPHORE_EXTEND_MANY",
     "SEMAPHORE_HANDOVER",
     "SEMAPHORE_LEAVE",
     "SEMAPHORE_RELEASE",
@@ -351,17 +354,70 @@ return 1
 # longer than a lease. The queue is only ever extended here, never made, so it
 # cannot appear on the wrong node; while the slot migrates the server refuses the
 # queue's PEXPIRE (a key that may not be local), and it is skipped (redis.pcall).
-EXTEND = Script(
+#
+# Each kind's extend is a Lua function, ``extend(key, token, ms, queue)``, run by a
+# script for one holding (the arguments above) and by one for many (:func:`_many`).
+_EXTEND_LOCK = (
     """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.pcall('PEXPIRE', ARGV[3], ARGV[2] + """
+local function extend(key, token, ms, queue)
+    if redis.call('GET', key) == token then
+        redis.pcall('PEXPIRE', queue, tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
     + """)
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        return redis.call('PEXPIRE', key, ms)
+    end
+    return 0
 end
-return 0
 """
 )
+
+
+def _one(extend: str) -> Script:
+    """The script that extends one holding with the function ``extend`` (EXTEND's arguments)."""
+    return Script(extend + "return extend(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n")
+
+
+def _many(extend: str) -> Script:
+    """The script that extends many holdings of one slot with the function ``extend``.
+
+    ``KEYS[i]`` is the i-th holding's key, ``ARGV[2i]`` and ``ARGV[2i+1]``
+    its token and lease (ms), as EXTEND takes them; its queue is its key
+    followed by ``ARGV[1]``, the kind's queue suffix (one kind per script).
+    Returns one reply per holding, 1 or 0 as EXTEND's. A holding whose
+    extend fails (its key is of another type: someone else's) answers 0 and
+    the others go on.
+    """
+    return Script(
+        extend
+        + """
+local done = {}
+for i = 1, #KEYS do
+    local ok, extended = pcall(extend, KEYS[i], ARGV[2 * i], ARGV[2 * i + 1], KEYS[i] .. ARGV[1])
+    if ok and extended == 1 then
+        done[i] = 1
+    else
+        done[i] = 0
+    end
+end
+return done
+"""
+    )
+
+
+EXTEND = _one(_EXTEND_LOCK)
+EXTEND_MANY = _many(_EXTEND_LOCK)
+
+# A sorted set or hash of holders (a semaphore's, a read-write lock's) lives as long as
+# its longest lease: a lease set to end at `now + ms` keeps the key at least that long.
+# (Its expiry is only its clean-up: each holder's own end is in its member.)
+_OUTLIVE = """
+local function outlive(key, ms)
+    local left = redis.call('PTTL', key)
+    if left >= 0 and left < tonumber(ms) then
+        redis.call('PEXPIRE', key, ms)
+    end
+end
+"""
 
 
 # HANDOVER (a release straight to the next waiter of the same process)
@@ -583,24 +639,34 @@ return 0
 
 # SEMAPHORE_EXTEND: EXTEND's keys and arguments (one key). Resets the permit's lease if
 # the token still holds one (its lease not over); keeps the queue that long plus its
-# slack. Returns 1 if it did, else 0.
-SEMAPHORE_EXTEND = Script(
+# slack. Returns 1 if it did, else 0. O(log N) in the permits held.
+_EXTEND_PERMIT = (
     _NOW
+    + _OUTLIVE
     + """
-local now = now_ms()
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not ends or tonumber(ends) <= now then
-    return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[1], last[2])
-redis.pcall('PEXPIRE', ARGV[3], tonumber(ARGV[2]) + """
+local function extend(key, token, ms, queue)
+    local now = now_ms()
+    local ends = redis.call('ZSCORE', key, token)
+    if not ends or tonumber(ends) <= now then
+        return 0
+    end
+    redis.call('ZADD', key, now + tonumber(ms), token)
+    if now + tonumber(ms) >= tonumber(ends) then
+        outlive(key, ms)
+    else
+        -- A shorter lease than before: the set lives for the longest left (O(log N)).
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        redis.call('PEXPIREAT', key, last[2])
+    end
+    redis.pcall('PEXPIRE', queue, tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
     + """)
-return 1
+    return 1
+end
 """
 )
+SEMAPHORE_EXTEND = _one(_EXTEND_PERMIT)
+SEMAPHORE_EXTEND_MANY = _many(_EXTEND_PERMIT)
 
 # SEMAPHORE_HANDOVER (a semaphore of one permit: a release straight to the next
 # waiting task of the same process; only a semaphore of one permit hands over)
@@ -893,26 +959,44 @@ return held
 
 # RW_EXTEND: EXTEND's keys and arguments (one key). Resets the holding's lease if the
 # token still holds (its lease not over); keeps the queue that long plus its slack.
-# Returns 1 if it did, else 0.
-RW_EXTEND = Script(
-    _RW
+# Returns 1 if it did, else 0. O(1) in the holders, but for a lease made shorter than it
+# was (an explicit extend with a smaller ttl), which reads every holder's end.
+_EXTEND_RW = (
+    _NOW
+    + _OUTLIVE
     + """
-local now = now_ms()
-local value = redis.call('HGET', KEYS[1], ARGV[1])
-if not value or tonumber(string.sub(value, 2)) <= now then
-    return 0
-end
-local kind = string.sub(value, 1, 1)
-redis.call('HSET', KEYS[1], ARGV[1], kind .. string.format('%d', now + tonumber(ARGV[2])))
--- (After the new end is in: the hash lives as long as its longest lease now.)
-local state = scan(now)
-redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
-redis.pcall('PEXPIRE', ARGV[3], tonumber(ARGV[2]) + """
+local function extend(key, token, ms, queue)
+    local now = now_ms()
+    local value = redis.call('HGET', key, token)
+    if not value or tonumber(string.sub(value, 2)) <= now then
+        return 0
+    end
+    local kind = string.sub(value, 1, 1)
+    local ends = now + tonumber(ms)
+    redis.call('HSET', key, token, kind .. string.format('%d', ends))
+    if ends >= tonumber(string.sub(value, 2)) then
+        outlive(key, ms)
+    else
+        -- A shorter lease than before (an extend with a smaller ttl, never a renewal):
+        -- the hash may have lived for ours; it lives for the longest left.
+        local last = ends
+        for _, held in ipairs(redis.call('HVALS', key)) do
+            local other = tonumber(string.sub(held, 2))
+            if other and other > last then
+                last = other
+            end
+        end
+        redis.call('PEXPIREAT', key, string.format('%d', last))
+    end
+    redis.pcall('PEXPIRE', queue, tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
     + """)
-return 1
+    return 1
+end
 """
 )
+RW_EXTEND = _one(_EXTEND_RW)
+RW_EXTEND_MANY = _many(_EXTEND_RW)
 
 # RW_STATE (read only)
 #   KEYS[1]  the holders

@@ -25,6 +25,7 @@ from ._lease import ServerLease
 from ._scripts import (
     SEMAPHORE_ACQUIRE,
     SEMAPHORE_EXTEND,
+    SEMAPHORE_EXTEND_MANY,
     SEMAPHORE_HANDOVER,
     SEMAPHORE_LEAVE,
     SEMAPHORE_RELEASE,
@@ -59,6 +60,7 @@ class SemaphoreLease(ServerLease):
     _RELEASE = SEMAPHORE_RELEASE
     _LEAVE = SEMAPHORE_LEAVE
     _EXTEND = SEMAPHORE_EXTEND
+    _EXTEND_MANY = SEMAPHORE_EXTEND_MANY
 
     def __init__(
         self,

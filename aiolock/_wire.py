@@ -48,9 +48,12 @@ redis-py's ``ClusterError``. Other errors pass unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections import deque
 from typing import Any, Final, Protocol, cast, final
 
+import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import (
     ClusterDownError,
@@ -66,10 +69,26 @@ from ._exceptions import LockError
 from ._scripts import Script
 from ._types import Client
 
-__all__ = ["KINDS", "MIN_ALLOWANCE", "ReplyLost", "Trace", "Wire", "translated"]
+__all__ = [
+    "KINDS",
+    "MAX_SLOTS",
+    "MIN_ALLOWANCE",
+    "POOL_SHARE",
+    "ReplyLost",
+    "Trace",
+    "Wire",
+    "translated",
+]
 
 #: The least time an answer is given past a deadline, however fast the link has been.
 MIN_ALLOWANCE: Final = 0.1
+#: The most of a client's pool that aiolock's commands use at once: a share of its
+#: ``max_connections``, and never more than this many connections.
+POOL_SHARE: Final = 0.5
+MAX_SLOTS: Final = 50
+#: A pool with no connection free: the first pause before asking again, and the longest.
+EXHAUSTED_FIRST = 0.001
+EXHAUSTED_CAP = 0.05
 
 
 class ReplyLost(RedisConnectionError):
@@ -86,10 +105,13 @@ class Trace(Protocol):
     """What a sender is told: whether its command may have reached the server.
 
     ``reached`` is set once a command goes out on a connected socket; it
-    stays False while the wire is still getting a connection.
+    stays False while the wire is still getting a connection. ``waiting``
+    is True while the command waits in the process: for a slot of the
+    client's share of its pool, or for a connection of an exhausted pool.
     """
 
     reached: bool
+    waiting: bool
 
 
 def translated(exc: BaseException, cluster: bool = False) -> BaseException:
@@ -155,6 +177,107 @@ def _closed_by_peer(conn: Any) -> bool:
         return False
 
 
+def _packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | None:
+    """``args`` in the RESP protocol, as redis-py's ``pack_command`` makes it; None to let it.
+
+    One join, where redis-py copies its growing buffer at every argument: a
+    renewal of a hundred holdings has hundreds. Only str (in the client's
+    encoding), bytes and int; anything else is redis-py's to encode.
+    """
+    first = args[0]
+    if first.__class__ is not str:
+        return None
+    words = first.encode().split()
+    parts = [b"*%d\r\n" % (len(words) + len(args) - 1)]
+    parts += [b"$%d\r\n%s\r\n" % (len(word), word) for word in words]
+    for arg in args[1:]:
+        kind = arg.__class__
+        if kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is bytes:
+            data = arg
+        elif kind is int:
+            data = b"%d" % arg
+        else:
+            return None
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return [b"".join(parts)]
+
+
+def _exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` says the pool has no connection free (redis-py's ``MaxConnectionsError``)."""
+    return type(exc).__name__ == "MaxConnectionsError" or str(exc) == "Too many connections"
+
+
+@final
+class _Gate:
+    """At most ``slots`` of aiolock's commands of one client in flight; the rest wait here.
+
+    First come, first served. It belongs to the event loop that uses it: a
+    new loop starts with every slot free.
+    """
+
+    __slots__ = ("_free", "_loop", "_slots", "_waiters")
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._free = slots
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def enter(self, urgent: bool = False) -> None:
+        """Take a slot, waiting in line for one; ``urgent`` goes to the head of the line.
+
+        Renewals are urgent: each has a lease end to meet, and must not wait
+        behind a crowd of attempts.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._free = self._slots
+            self._waiters = deque()
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = loop.create_future()
+        if urgent:
+            self._waiters.appendleft(future)
+        else:
+            self._waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self.leave()  # a slot was handed to us: hand it on
+            else:
+                future.cancel()
+                self._waiters.remove(future)
+            raise
+
+    def leave(self) -> None:
+        """Give the slot back: to the first in line, if any."""
+        while self._waiters:
+            future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+    @property
+    def waiting(self) -> int:
+        """How many commands wait for a slot."""
+        return len(self._waiters)
+
+
+def _slots(client: Client) -> int:
+    """How many connections of ``client``'s pool aiolock's commands may use at once."""
+    pool = getattr(client, "connection_pool", None)
+    most = getattr(pool, "max_connections", None)
+    if not isinstance(most, int) or most <= 0:
+        return MAX_SLOTS
+    return max(1, min(int(most * POOL_SHARE), MAX_SLOTS))
+
+
 def _pool_args(pool: Any) -> tuple[str, ...]:
     """What ``pool.get_connection()`` needs: a command name before redis-py 5.3, else nothing."""
     try:
@@ -175,7 +298,16 @@ class Wire:
     awaited that long, so that a slow link is not taken for contention.
     """
 
-    __slots__ = ("_direct", "_pool_args", "_rttvar", "_srtt", "allowance", "client", "cluster")
+    __slots__ = (
+        "_direct",
+        "_gate",
+        "_pool_args",
+        "_rttvar",
+        "_srtt",
+        "allowance",
+        "client",
+        "cluster",
+    )
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -183,6 +315,8 @@ class Wire:
         #: Commands go out on the pool's connections, sent by the wire itself.
         self._direct = not self.cluster and not getattr(client, "single_connection_client", False)
         self._pool_args = _pool_args(cast(Redis, client).connection_pool) if self._direct else ()
+        #: aiolock's share of the client's pool: its commands beyond it wait in the process.
+        self._gate = _Gate(_slots(client))
         self._srtt = 0.0  # smoothed round trip, seconds
         self._rttvar = 0.0  # its smoothed deviation
         #: How long an answer may take on this link; None before the first one came.
@@ -242,6 +376,7 @@ class Wire:
         key: str | None = None,
         once: bool = False,
         trace: Trace | None = None,
+        urgent: bool = False,
     ) -> Any:
         """Send one command and return its reply: the only way out to the server.
 
@@ -249,16 +384,24 @@ class Wire:
         (:class:`ReplyLost` instead). ``key``: the key it acts on (a
         ``WRONGTYPE`` reply names the kind that holds it; a cluster sends a
         ``once`` command to its node). ``trace`` is told when the command
-        goes out.
+        goes out. ``urgent``: first in line for a slot of the client (a renewal).
         """
         try:
-            if self._direct:
-                return await self._send_direct(args, once, trace)
             if trace is not None:
-                trace.reached = True  # not known: assume the worst
-            if once and self.cluster and key is not None:
-                return await self._send_to_node(args, key)
-            return await self.client.execute_command(*args)
+                trace.waiting = True
+            await self._gate.enter(urgent)
+            if trace is not None:
+                trace.waiting = False
+            try:
+                if self._direct:
+                    return await self._send_direct(args, once, trace)
+                if trace is not None:
+                    trace.reached = True  # not known: assume the worst
+                if once and self.cluster and key is not None:
+                    return await self._send_to_node(args, key)
+                return await self.client.execute_command(*args)
+            finally:
+                self._gate.leave()
         except (RuntimeError, AttributeError, KeyError) as exc:
             raise translated(exc, self.cluster) from None
         except ResponseError as exc:
@@ -274,8 +417,23 @@ class Wire:
         """Send on a connection of the client's pool, under the connection's retry policy."""
         client = cast(Redis, self.client)
         pool = client.connection_pool
-        # The pool hands out a connected connection: a failure here sent nothing.
-        conn = await pool.get_connection(*self._pool_args)  # type: ignore[no-untyped-call]
+        # The pool hands out a connected connection: a failure here sent nothing. A pool
+        # that has none free (the application's commands took them) is waited for: the
+        # caller's deadline bounds the wait, not an error.
+        pause = EXHAUSTED_FIRST
+        while True:
+            try:
+                conn = await pool.get_connection(*self._pool_args)  # type: ignore[no-untyped-call]
+                break
+            except RedisConnectionError as exc:
+                if not _exhausted(exc):
+                    raise
+            if trace is not None:
+                trace.waiting = True
+            await anyio.sleep(pause)
+            pause = min(pause * 2, EXHAUSTED_CAP)
+        if trace is not None:
+            trace.waiting = False
         sent = False
 
         async def do() -> Any:
@@ -291,7 +449,11 @@ class Wire:
             sent = True
             if trace is not None:
                 trace.reached = True
-            await conn.send_command(*args)
+            packed = _packed(args, conn.encoder.encoding, conn.encoder.encoding_errors)
+            if packed is None:
+                await conn.send_command(*args)
+            else:
+                await conn.send_packed_command(packed)
             return await client.parse_response(conn, args[0])
 
         async def fail(error: BaseException) -> None:
@@ -347,13 +509,14 @@ class Wire:
         *,
         once: bool = False,
         trace: Trace | None = None,
+        urgent: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (loading it on ``NOSCRIPT``); return its reply.
 
         If the server still does not know the script after loading it (a
         cluster client that loaded it on another node), the text is sent
-        with ``EVAL``, which runs where the keys are. ``once``: see
-        :meth:`_send` (a ``NOSCRIPT`` reply means it did not run).
+        with ``EVAL``, which runs where the keys are. ``once`` and ``urgent``:
+        see :meth:`_send` (a ``NOSCRIPT`` reply means it did not run).
 
         Raises:
             LockError: the key is of another kind of primitive (``WRONGTYPE``).
@@ -362,19 +525,31 @@ class Wire:
         key = keys[0] if keys else None
         try:
             return await self._send(
-                ("EVALSHA", script.sha, len(keys), *keys, *args), key=key, once=once, trace=trace
+                ("EVALSHA", script.sha, len(keys), *keys, *args),
+                key=key,
+                once=once,
+                trace=trace,
+                urgent=urgent,
             )
         except NoScriptError:
             await self._send(("SCRIPT LOAD", script.text))
         try:
             return await self._send(
-                ("EVALSHA", script.sha, len(keys), *keys, *args), key=key, once=once, trace=trace
+                ("EVALSHA", script.sha, len(keys), *keys, *args),
+                key=key,
+                once=once,
+                trace=trace,
+                urgent=urgent,
             )
         except NoScriptError:
             # Loaded, yet unknown where the key is: seen with redis-py 7.4's cluster
             # client after a failover. EVAL carries the text to the key's node.
             return await self._send(
-                ("EVAL", script.text, len(keys), *keys, *args), key=key, once=once, trace=trace
+                ("EVAL", script.text, len(keys), *keys, *args),
+                key=key,
+                once=once,
+                trace=trace,
+                urgent=urgent,
             )
 
     async def wrong_kind(self, key: str) -> LockError:

@@ -1,6 +1,6 @@
 """Compare aiolock at a git revision with the working tree's, in one run.
 
-``python -m benchmarks.compare --base REV [--bench contention,handoff,redlock]
+``python -m benchmarks.compare --base REV [--bench contention,handoff,redlock,scale]
 [--rounds N] [--quick]`` exports the ``aiolock`` package of revision ``REV``
 (default ``HEAD``) into a temporary directory (``git archive REV aiolock``),
 then runs each chosen benchmark ``N`` times against each copy of aiolock,
@@ -19,6 +19,9 @@ to ``benchmarks/results/``), from which the headline figures are read:
   number of waiters;
 * redlock: per aiolock subject, the uncontended acquire and cycle as ratios to
   the floor's, and the throughput (and its ratio to the floor's);
+* scale: per N held, losses, errors, server and client CPU, bytes per lock and
+  commands/s; per waiters run, acquisitions/s, errors and what waiting costs the
+  server; per number of holders, the server's CPU of one acquire + release;
 * every benchmark: its overlaps (two holders at once; must be 0).
 
 The table gives, per figure, the median of the base runs, the median of the
@@ -62,9 +65,15 @@ MODULE: Final = "benchmarks.compare"
 #: The repository whose working tree is compared (the one holding this package).
 ROOT: Final = Path(__file__).resolve().parent.parent
 #: The benchmarks that can be compared, in the order they run.
-BENCHES: Final = ("contention", "handoff", "redlock", "seckill")
+BENCHES: Final = ("contention", "handoff", "redlock", "seckill", "scale")
 #: The longest one run may take, by benchmark (full size; ``--quick`` runs get 180 s).
-RUN_TIMEOUT: Final = {"contention": 900.0, "handoff": 900.0, "redlock": 600.0, "seckill": 900.0}
+RUN_TIMEOUT: Final = {
+    "contention": 900.0,
+    "handoff": 900.0,
+    "redlock": 600.0,
+    "seckill": 900.0,
+    "scale": 1200.0,
+}
 QUICK_RUN_TIMEOUT: Final = 180.0
 #: What each run executes: report the aiolock it imported, then run the benchmark.
 _CHILD: Final = """\
@@ -351,11 +360,39 @@ def seckill_figures(data: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def scale_figures(data: dict[str, Any]) -> list[Figure]:
+    """Held: losses, CPU, memory and calls per N; waiters: rates, errors; cost per holders."""
+    figures: list[Figure] = []
+    for row in data.get("held", []):
+        name = f"held {row['count']}{' cluster' if row['cluster'] else ''}"
+        errors = sum(row["release_errors"].values()) + row["acquire_failures"]
+        figures += [
+            Figure(f"{name} lost", _num(row["lost"]), "", "lower"),
+            Figure(f"{name} errors", _num(errors), "", "lower"),
+            Figure(f"{name} server CPU", _num(row["server_cpu_share"]) * 100, "%", "lower"),
+            Figure(f"{name} client CPU", _num(row["client_cpu_share"]) * 100, "%", "lower"),
+            Figure(f"{name} bytes/lock", _num(row["bytes_per_lock"]), "B", "lower"),
+            Figure(f"{name} commands/s", _num(row["commands_per_s"]), "/s", "lower"),
+        ]
+    for row in data.get("waiters", []):
+        name = f"waiters {row['kind']} {row['pool']}"
+        figures += [
+            Figure(f"{name} acq/s", _num(row["acquisitions_per_s"]), "/s", "higher"),
+            Figure(f"{name} errors", _num(row["error_count"]), "", "lower"),
+            Figure(f"{name} waiting cmd/s", _num(row["waiting_commands_per_s"]), "/s", "lower"),
+        ]
+    for row in data.get("cost", []):
+        name = f"cost {row['kind']} at {row['holders']} holders"
+        figures.append(Figure(f"{name}", _num(row["us_per_cycle"]), "us", "lower"))
+    return figures
+
+
 FIGURES: Final[dict[str, Callable[[dict[str, Any]], list[Figure]]]] = {
     "contention": contention_figures,
     "handoff": handoff_figures,
     "redlock": redlock_figures,
     "seckill": seckill_figures,
+    "scale": scale_figures,
 }
 
 

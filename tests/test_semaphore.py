@@ -443,3 +443,22 @@ async def test_a_caller_with_a_smaller_limit_can_be_granted_past_it(
     await small.release()
     await large[1].release()
     assert await admin.exists(large[1].key) == 0
+
+
+async def test_extending_a_permit_to_a_shorter_lease_shortens_the_sets_life(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """extend(ttl=1) of the only 10 s permit leaves the set 1 s to live, not 10.
+
+    Renewal only ever lengthens the set's life (O(1)); a shorter lease looks
+    for the longest one left instead, and here that is the new one.
+    """
+    sem = Semaphore(client, name, limit=3, ttl=10.0, auto_renew=False)
+    other = Semaphore(client, name, limit=3, ttl=3.0, auto_renew=False)
+    async with sem:
+        assert 9000 < await admin.pttl(f"aiolock:{{{name}}}") <= 10_000
+        async with other:
+            await sem.extend(ttl=1.0)
+            assert 2000 < await admin.pttl(f"aiolock:{{{name}}}") <= 3000  # the other's lease
+        await sem.extend(ttl=1.0)
+        assert 0 < await admin.pttl(f"aiolock:{{{name}}}") <= 1000

@@ -1,0 +1,176 @@
+"""Many holdings and many waiters on one client with a bounded pool.
+
+A service holds a lock per entity and has many tasks waiting, all on one
+client. aiolock's commands of one client take at most half of its pool's
+connections (at most 50); the rest wait in the process, renewals first. A
+pool exhausted anyway (by other code on the client) is back-pressure: the
+command waits for a connection within its caller's deadline, and redis-py's
+``MaxConnectionsError`` never reaches a waiting task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as redis
+from redis.exceptions import MaxConnectionsError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from support import all_keys, connected, connections_made, other_tasks
+
+from aiolock import AsyncLock, ReadWriteLock, Semaphore
+from aiolock._wire import _Gate
+from aiolock.testing import RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_hundreds_held_on_a_pool_of_four_are_renewed_and_none_is_lost(
+    server: RedisServer, admin: redis.Redis, name: str
+) -> None:
+    """300 locks held through five renewal periods on ``max_connections=4``.
+
+    Before batching, each holding renewed with its own call and connection:
+    on a small pool renewals failed with ``MaxConnectionsError`` and locks
+    were declared lost.
+    """
+    lost: list[object] = []
+    async with connected(server.url, max_connections=4) as client:
+        locks = [AsyncLock(client, f"{name}:{i}", ttl=0.6, on_lost=lost.append) for i in range(300)]
+        acquired = await asyncio.gather(*(lock.acquire(timeout=10) for lock in locks))
+        assert all(acquired)
+        await asyncio.sleep(1.0)  # five renewal periods of 0.2 s
+        assert lost == []
+        assert await admin.exists(*(lock.key for lock in locks)) == len(locks)
+        assert connections_made(client) <= 4
+        await asyncio.gather(*(lock.release() for lock in locks))
+    assert await admin.keys(all_keys(name)) == []
+    assert await other_tasks() == set()
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])
+async def test_hundreds_of_waiters_on_a_pool_of_six_cycle_without_an_error(
+    server: RedisServer, admin: redis.Redis, name: str, kind: str
+) -> None:
+    """200 tasks on ``max_connections=6`` take turns: no error, the limit kept, nothing left."""
+    inside: dict[str, int] = {"now": 0, "most": 0, "writers": 0, "bad": 0}
+    errors: list[BaseException] = []
+    async with connected(server.url, max_connections=6) as client:
+        if kind == "semaphore":
+            sem = Semaphore(client, name, limit=3, ttl=2.0)
+            limit = 3
+        elif kind == "fair":
+            lock = AsyncLock(client, name, ttl=2.0, fair=True)
+            limit = 1
+        else:
+            rw = ReadWriteLock(client, name, ttl=2.0)
+            limit = 200
+
+        async def one(i: int) -> None:
+            writer = kind == "rw" and i % 10 == 0
+            primitive: Any = (
+                sem
+                if kind == "semaphore"
+                else lock
+                if kind == "fair"
+                else rw.writer
+                if writer
+                else rw.reader
+            )
+            try:
+                async with primitive:
+                    inside["now"] += 1
+                    inside["writers"] += writer
+                    inside["most"] = max(inside["most"], inside["now"])
+                    if inside["now"] > limit or (inside["writers"] and inside["now"] > 1):
+                        inside["bad"] += 1
+                    await asyncio.sleep(0.001)
+                    inside["now"] -= 1
+                    inside["writers"] -= writer
+            except Exception as exc:
+                errors.append(exc)
+
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(200))), 45)
+        assert connections_made(client) <= 6
+    assert errors == []
+    assert inside["bad"] == 0
+    assert 1 <= inside["most"] <= limit
+    assert await admin.keys(all_keys(name)) == []
+
+
+async def test_an_exhausted_pool_is_back_pressure_within_the_deadline(
+    server: RedisServer, admin: redis.Redis, name: str
+) -> None:
+    """Other code holds every connection: acquire waits, then ends at its deadline.
+
+    No ``MaxConnectionsError``: the attempt waits for a connection, as long
+    as its ``timeout`` lets it (plus the grace a first attempt has), then
+    raises redis-py's ``TimeoutError`` saying that nothing was sent; and it
+    gets a connection once the other code lets go.
+    """
+    async with connected(server.url, max_connections=2) as client:
+        lock = AsyncLock(client, name, ttl=2.0)
+        # Two connections taken by blocking reads of other code on the same client.
+        blockers = [asyncio.ensure_future(client.blpop([f"{name}:never"], 1.2)) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(MaxConnectionsError):
+            await client.get("x")  # the pool is full, as redis-py says
+
+        started = time.monotonic()
+        outcome: object
+        try:
+            outcome = await lock.acquire(timeout=0.4)
+        except Exception as exc:
+            outcome = exc
+        took = time.monotonic() - started
+        assert isinstance(outcome, RedisTimeoutError), outcome
+        assert "no connection of the client's pool came free" in str(outcome)
+        assert "nothing was sent" in str(outcome)
+        assert 0.3 <= took <= 0.9, took
+        assert not await admin.exists(lock.key)
+
+        # Back-pressure, not failure: the attempt goes through once a connection is free.
+        started = time.monotonic()
+        assert await lock.acquire(timeout=3)
+        assert time.monotonic() - started < 2.0
+        await lock.release()
+        await asyncio.gather(*blockers)
+    assert await admin.keys(all_keys(name)) == []
+
+
+async def test_a_renewal_goes_first_in_line_for_a_slot() -> None:
+    """The client's slots are full: an urgent entry (a renewal) is served before the rest."""
+    gate = _Gate(1)
+    order: list[str] = []
+    await gate.enter()
+
+    async def wait(label: str, urgent: bool) -> None:
+        await gate.enter(urgent)
+        order.append(label)
+        gate.leave()
+
+    tasks = [asyncio.ensure_future(wait(f"attempt {i}", False)) for i in range(3)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.ensure_future(wait("renewal", True)))
+    await asyncio.sleep(0)
+    assert gate.waiting == 4
+    gate.leave()
+    await asyncio.gather(*tasks)
+    assert order == ["renewal", "attempt 0", "attempt 1", "attempt 2"]
+
+
+async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away() -> None:
+    """A command cancelled while it waits for a slot leaves the line; the slots stay counted."""
+    gate = _Gate(1)
+    await gate.enter()
+    waiting = asyncio.ensure_future(gate.enter())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert gate.waiting == 0
+    gate.leave()
+    await asyncio.wait_for(gate.enter(), 1)  # the one slot is free again
+    gate.leave()
