@@ -1001,7 +1001,12 @@ class ServerLease:
         sent = time.monotonic()
         replies = await self.wire.run(self._EXTEND_MANY, tuple(keys), tuple(args), urgent=True)
         self.wire.observe(time.monotonic() - sent)
-        return [bool(reply) for reply in replies]
+        return [
+            ResponseError("the server could not renew this holding now (its slot migrating?)")
+            if reply == -1
+            else bool(reply)
+            for reply in replies
+        ]
 
     async def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool

@@ -902,7 +902,9 @@ if redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
 else
     local fields = redis.call('HGETALL', KEYS[1])
     for i = 2, #fields, 2 do
-        ends[#ends + 1] = fields[i]
+        if string.sub(fields[i - 1], 1, 1) ~= '=' then  -- ('=w' names the writer)
+            ends[#ends + 1] = fields[i]
+        end
     end
 end
 return {tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), ends}

@@ -25,7 +25,15 @@ from ._exceptions import LockError
 from ._holding import LeaseLock, current_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
 from ._lease import ServerLease
-from ._scripts import RW_ACQUIRE, RW_EXTEND, RW_EXTEND_MANY, RW_LEAVE, RW_RELEASE, RW_STATE
+from ._scripts import (
+    RW_ACQUIRE,
+    RW_EXTEND,
+    RW_EXTEND_MANY,
+    RW_INDEX_SUFFIX,
+    RW_LEAVE,
+    RW_RELEASE,
+    RW_STATE,
+)
 from ._timers import Cutoff
 
 if TYPE_CHECKING:
@@ -47,7 +55,7 @@ class RWLease(ServerLease):
     lock over locally.
     """
 
-    __slots__ = ("kind",)
+    __slots__ = ("_index", "kind")
 
     _ACQUIRE = RW_ACQUIRE
     _RELEASE = RW_RELEASE
@@ -63,12 +71,17 @@ class RWLease(ServerLease):
         self.kind = kind
         self._letter = kind
         self._release_args = (*self._release_args, kind)
+        # The third key of the read-write scripts is the index of the holders' ends.
+        self._index = keys.lock + RW_INDEX_SUFFIX
+        self._acquire_keys = (keys.lock, keys.queue, self._index)
         self.gone = "the holding's lease was over, or its token no longer held"
         # An attempt's -1 means no lease end known; another library's key is a WRONGTYPE.
         self.foreign_without_expiry = False
 
     async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
-        readers, writer, left, mine = await self.wire.run(RW_STATE, (self.key,), (token, asking))
+        readers, writer, left, mine = await self.wire.run(
+            RW_STATE, (self.key, self._index), (token, asking)
+        )
         return int(readers), bool(int(writer)), int(left), bool(int(mine))
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:

@@ -53,6 +53,7 @@ __all__ = [
     "RW_ACQUIRE",
     "RW_EXTEND",
     "RW_EXTEND_MANY",
+    "RW_INDEX_SUFFIX",
     "RW_LEAVE",
     "RW_RELEASE",
     "RW_STATE",
@@ -383,9 +384,11 @@ def _many(extend: str) -> Script:
     ``KEYS[i]`` is the i-th holding's key, ``ARGV[2i]`` and ``ARGV[2i+1]``
     its token and lease (ms), as EXTEND takes them; its queue is its key
     followed by ``ARGV[1]``, the kind's queue suffix (one kind per script).
-    Returns one reply per holding, 1 or 0 as EXTEND's. A holding whose
-    extend fails (its key is of another type: someone else's) answers 0 and
-    the others go on.
+    Returns one reply per holding, 1 or 0 as EXTEND's, or -1 if its extend
+    failed with an error that says nothing of whose the key is (a slot
+    migrating): that one is tried again. A holding whose key is of another
+    type (``WRONGTYPE``: someone else's) answers 0. Either way the others go
+    on.
     """
     return Script(
         extend
@@ -393,10 +396,18 @@ def _many(extend: str) -> Script:
 local done = {}
 for i = 1, #KEYS do
     local ok, extended = pcall(extend, KEYS[i], ARGV[2 * i], ARGV[2 * i + 1], KEYS[i] .. ARGV[1])
-    if ok and extended == 1 then
-        done[i] = 1
+    if ok then
+        done[i] = extended
     else
-        done[i] = 0
+        local text = extended
+        if type(text) == 'table' then
+            text = text.err or ''
+        end
+        if string.find(tostring(text), 'WRONGTYPE', 1, true) then
+            done[i] = 0
+        else
+            done[i] = -1
+        end
     end
 end
 return done
@@ -743,40 +754,63 @@ return {held, left, mine}
 #
 # A read-write lock's key (KEYS[1]) is a hash of its holders: each holder's token ->
 # its kind and when its lease ends, in the server's milliseconds ('r<ms>' for a reader,
-# 'w<ms>' for the writer). A holding whose lease has ended is dropped when met; the hash
-# expires with its last lease, and vanishes with its last field. Readers share; the
-# writer excludes everyone. Readers and writers wait in one queue (KEYS[2]) in arrival
-# order, so a reader that comes after a waiting writer waits behind it. A grant goes to
-# the first live waiter if its kind is admitted now, and on to the next while they are
-# readers and admitted.
+# 'w<ms>' for the writer); the field '=w' names the writer's token while one holds.
+# Beside it, its *index* (KEYS[3], ``<lock>:ends``) is a sorted set of the same tokens
+# scored with their ends: how many hold, the first and the last end are read there in
+# O(log N), never by reading every holder. A holding whose lease has ended is dropped
+# when met (at most 16 per script, oldest first); both keys expire with the last
+# lease, and vanish with the last holder. Readers share; the writer excludes everyone.
+# Readers and writers wait in one queue (KEYS[2]) in arrival order, so a reader that
+# comes after a waiting writer waits behind it. A grant goes to the first live waiter if
+# its kind is admitted now, and on to the next while they are readers and admitted.
+RW_INDEX_SUFFIX = ":ends"
+_RW_PURGE_MOST = 16
+
 _RW = (
     _NOW
     + _TELL
     + """
 
--- The holders now (dropping those whose lease ended): {readers, writer's token or false,
--- the first lease's end, the last lease's end} (ends 0 without holders).
+-- Drop a holder: its field, its end in the index, and the writer's mark if it was it.
+local function unhold(token)
+    redis.call('HDEL', KEYS[1], token)
+    redis.call('ZREM', KEYS[3], token)
+    if redis.call('HGET', KEYS[1], '=w') == token then
+        redis.call('HDEL', KEYS[1], '=w')
+    end
+end
+
+-- The holders now: {readers, writer's token or false, the first lease's end, the last
+-- lease's end} (ends 0 without holders). Drops a few holders whose lease ended.
 local function scan(now)
-    local fields = redis.call('HGETALL', KEYS[1])
-    local readers, writer, first, last = 0, false, 0, 0
-    for i = 1, #fields, 2 do
-        local kind = string.sub(fields[i + 1], 1, 1)
-        local ends = tonumber(string.sub(fields[i + 1], 2))
-        if not ends or ends <= now then
-            redis.call('HDEL', KEYS[1], fields[i])
-        else
-            if kind == 'w' then
-                writer = fields[i]
-            else
-                readers = readers + 1
-            end
-            if first == 0 or ends < first then
-                first = ends
-            end
-            if ends > last then
-                last = ends
-            end
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+        redis.call('DEL', KEYS[3])  -- (the hash deleted by hand: nobody holds)
+    end
+    local over = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, """
+    + str(_RW_PURGE_MOST)
+    + """)
+    for _, token in ipairs(over) do
+        unhold(token)
+    end
+    local live = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+    local writer = redis.call('HGET', KEYS[1], '=w')
+    if writer then
+        local value = redis.call('HGET', KEYS[1], writer)
+        if not value or tonumber(string.sub(value, 2)) <= now then
+            writer = false
         end
+    end
+    local readers = live
+    if writer then
+        readers = live - 1
+    end
+    local first, last = 0, 0
+    if live > 0 then
+        local lowest = redis.call(
+            'ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1
+        )
+        first = tonumber(lowest[2])
+        last = tonumber(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2])
     end
     return {readers, writer, first, last}
 end
@@ -788,12 +822,20 @@ local function admits(state, kind)
     return not state[2]
 end
 
--- Add a holder of `kind` with a lease of `ms` from now; the hash lives as long as its
--- longest lease.
+-- Both keys live as long as the longest lease.
+local function keep(last)
+    local at = string.format('%d', last)
+    redis.call('PEXPIREAT', KEYS[1], at)
+    redis.call('PEXPIREAT', KEYS[3], at)
+end
+
+-- Add a holder of `kind` with a lease of `ms` from now.
 local function hold(state, token, kind, now, ms)
     local ends = now + tonumber(ms)
     redis.call('HSET', KEYS[1], token, kind .. string.format('%d', ends))
+    redis.call('ZADD', KEYS[3], ends, token)
     if kind == 'w' then
+        redis.call('HSET', KEYS[1], '=w', token)
         state[2] = token
     else
         state[1] = state[1] + 1
@@ -804,7 +846,7 @@ local function hold(state, token, kind, now, ms)
     if ends > state[4] then
         state[4] = ends
     end
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+    keep(state[4])
 end
 
 -- The grant rule: grant to the first live waiters while their kind is admitted (a
@@ -849,7 +891,8 @@ end
 """
 )
 
-# RW_ACQUIRE: ACQUIRE's keys and arguments (ARGV[6], fencing, is '0'), and
+# RW_ACQUIRE: ACQUIRE's keys and arguments (ARGV[6], fencing, is '0'; KEYS[3] is the
+# index, not the fencing counter), and
 #   ARGV[9]  the caller's kind: 'r' (a reader) or 'w' (a writer)
 # The caller takes the lock if its kind is admitted now and no live waiter is queued
 # before it (those before it are granted first, while admitted). Returns {1, 0} when it
@@ -861,20 +904,16 @@ RW_ACQUIRE = Script(
     + _QUEUE_UP
     + """
 local now = now_ms()
-local state = scan(now)
 local mine = KEYS[2] .. ':' .. ARGV[1]
 local kind = ARGV[9]
 if ARGV[5] ~= '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    redis.call('HDEL', KEYS[1], ARGV[1])
-    if kind == 'w' then
-        state[2] = false
-    else
-        state[1] = state[1] - 1
-    end
+    unhold(ARGV[1])
+    local state = scan(now)
     hold(state, ARGV[1], kind, now, ARGV[2])
     redis.call('DEL', mine)
     return {1, 0}
 end
+local state = scan(now)
 grant_ready(state, now, ARGV[7], ARGV[8], ARGV[1])
 local head = redis.call('LINDEX', KEYS[2], 0)
 local next_in_line = head == ARGV[1]
@@ -900,24 +939,24 @@ return {0, left}
 """
 )
 
-# RW_RELEASE: RELEASE's keys and arguments. Removes the caller's holding if it still
-# held (its lease not over), and grants to the waiters now admitted. Returns 2 if it
-# granted, 1 if it released with nobody granted (an empty message then wakes the
-# pollers), 0 if the token held nothing (nothing of anyone else's is touched).
+# RW_RELEASE: RELEASE's keys and arguments (KEYS[3]: the index). Removes the caller's
+# holding if it still held (its lease not over), and grants to the waiters now admitted.
+# Returns 2 if it granted, 1 if it released with nobody granted (an empty message then
+# wakes the pollers), 0 if the token held nothing (nothing of anyone else's is touched;
+# a field of its own whose lease was over is dropped).
 RW_RELEASE = Script(
     _RW
     + """
 local now = now_ms()
 local value = redis.call('HGET', KEYS[1], ARGV[1])
 local ours = value and tonumber(string.sub(value, 2)) > now
-if ours then
-    redis.call('HDEL', KEYS[1], ARGV[1])
+if value then
+    unhold(ARGV[1])
 end
 local state = scan(now)
 local granted, waiting = grant_ready(state, now, ARGV[2], ARGV[3], false)
 if ours and granted == 0 and state[4] > 0 then
-    -- The hash lives as long as its longest lease, which may have been ours.
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+    keep(state[4])  -- the longest lease may have been ours
 end
 if not ours then
     return 0
@@ -934,21 +973,24 @@ return 1
 """
 )
 
-# RW_LEAVE: LEAVE's keys and arguments. Takes the waiter out of the queue; gives back a
-# holding its token had (a grant, or an attempt, that raced the giving up), granting on.
-# Returns 1 if it held, else 0.
+# RW_LEAVE: LEAVE's keys and arguments (KEYS[3]: the index). Takes the waiter out of the
+# queue; gives back a holding its token had (a grant, or an attempt, that raced the
+# giving up), granting on. Returns 1 if it held, else 0.
 RW_LEAVE = Script(
     _RW
     + """
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
-local held = redis.call('HDEL', KEYS[1], ARGV[1])
+local held = redis.call('HEXISTS', KEYS[1], ARGV[1])
+if held == 1 then
+    unhold(ARGV[1])
+end
 local now = now_ms()
 local state = scan(now)
 -- (A waiter that left may have been the one the others waited behind.)
 local granted, waiting = grant_ready(state, now, ARGV[2], ARGV[3], false)
 if held == 1 and granted == 0 and state[4] > 0 then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', state[4]))
+    keep(state[4])
 end
 if granted == 0 and not waiting and held == 1 then
     announce(ARGV[2], ARGV[3], '')
@@ -957,37 +999,32 @@ return held
 """
 )
 
-# RW_EXTEND: EXTEND's keys and arguments (one key). Resets the holding's lease if the
-# token still holds (its lease not over); keeps the queue that long plus its slack.
-# Returns 1 if it did, else 0. O(1) in the holders, but for a lease made shorter than it
-# was (an explicit extend with a smaller ttl), which reads every holder's end.
+# RW_EXTEND: EXTEND's keys and arguments (one key: the hash). Resets the holding's lease
+# if the token still holds (its lease not over), in the hash and in the index
+# (``<key>:ends``, not declared: see EXTEND); keeps the queue that long plus its slack.
+# Returns 1 if it did, else 0. If the index cannot be written (its slot migrating), the
+# extend fails and changes nothing: the index must never say a lease ends before the
+# holder thinks it does. O(log N) in the holders.
 _EXTEND_RW = (
     _NOW
-    + _OUTLIVE
     + """
 local function extend(key, token, ms, queue)
     local now = now_ms()
     local value = redis.call('HGET', key, token)
+    local index = key .. '"""
+    + RW_INDEX_SUFFIX
+    + """'
     if not value or tonumber(string.sub(value, 2)) <= now then
+        redis.pcall('ZREM', index, token)  -- (its own end, if the hash lost it)
         return 0
     end
-    local kind = string.sub(value, 1, 1)
     local ends = now + tonumber(ms)
-    redis.call('HSET', key, token, kind .. string.format('%d', ends))
-    if ends >= tonumber(string.sub(value, 2)) then
-        outlive(key, ms)
-    else
-        -- A shorter lease than before (an extend with a smaller ttl, never a renewal):
-        -- the hash may have lived for ours; it lives for the longest left.
-        local last = ends
-        for _, held in ipairs(redis.call('HVALS', key)) do
-            local other = tonumber(string.sub(held, 2))
-            if other and other > last then
-                last = other
-            end
-        end
-        redis.call('PEXPIREAT', key, string.format('%d', last))
-    end
+    redis.call('ZADD', index, ends, token)
+    redis.call('HSET', key, token, string.sub(value, 1, 1) .. string.format('%d', ends))
+    local last = tonumber(redis.call('ZRANGE', index, -1, -1, 'WITHSCORES')[2])
+    local at = string.format('%d', last)
+    redis.call('PEXPIREAT', key, at)
+    redis.call('PEXPIREAT', index, at)
     redis.pcall('PEXPIRE', queue, tonumber(ms) + """
     + str(QUEUE_SLACK_MS)
     + """)
@@ -1000,6 +1037,7 @@ RW_EXTEND_MANY = _many(_EXTEND_RW)
 
 # RW_STATE (read only)
 #   KEYS[1]  the holders
+#   KEYS[2]  the index
 #   ARGV[1]  a token, or ''
 #   ARGV[2]  the asking waiter's kind ('r', 'w'), or ''
 # Returns {readers holding, 1 if a writer holds else 0, ms until the first holder's
@@ -1009,22 +1047,31 @@ RW_STATE = Script(
     _NOW
     + """
 local now = now_ms()
-local fields = redis.call('HGETALL', KEYS[1])
-local readers, writer, first, mine = 0, 0, 0, 0
-for i = 1, #fields, 2 do
-    local ends = tonumber(string.sub(fields[i + 1], 2))
-    if ends and ends > now then
-        if string.sub(fields[i + 1], 1, 1) == 'w' then
-            writer = 1
-        else
-            readers = readers + 1
-        end
-        if first == 0 or ends < first then
-            first = ends
-        end
-        if fields[i] == ARGV[1] then
-            mine = 1
-        end
+local live = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+end
+local writer = 0
+local marked = redis.call('HGET', KEYS[1], '=w')
+if marked then
+    local value = redis.call('HGET', KEYS[1], marked)
+    if value and tonumber(string.sub(value, 2)) > now then
+        writer = 1
+    end
+end
+local readers = live - writer
+local first = 0
+if live > 0 then
+    local lowest = redis.call(
+        'ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1
+    )
+    first = tonumber(lowest[2])
+end
+local mine = 0
+if ARGV[1] ~= '' then
+    local value = redis.call('HGET', KEYS[1], ARGV[1])
+    if value and tonumber(string.sub(value, 2)) > now then
+        mine = 1
     end
 end
 local left = -2

@@ -55,6 +55,7 @@ from typing import Any, Final, Protocol, cast, final
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
@@ -175,6 +176,10 @@ def _closed_by_peer(conn: Any) -> bool:
         return bool(reader.at_eof() or reader.exception() is not None)
     except Exception:  # pragma: no cover - a reader of another make
         return False
+
+
+#: redis-py's own packing: a connection class that overrides it (to record, say) keeps it.
+_REDIS_PACK: Final = RedisConnection.pack_command
 
 
 def _packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | None:
@@ -449,7 +454,11 @@ class Wire:
             sent = True
             if trace is not None:
                 trace.reached = True
-            packed = _packed(args, conn.encoder.encoding, conn.encoder.encoding_errors)
+            packed = (
+                _packed(args, conn.encoder.encoding, conn.encoder.encoding_errors)
+                if conn.__class__.pack_command is _REDIS_PACK  # (not a subclass's own)
+                else None
+            )
             if packed is None:
                 await conn.send_command(*args)
             else:

@@ -42,8 +42,10 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import math
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -379,6 +381,27 @@ def _share(value: float) -> str:
     return f"{value * 100:.2f} %"
 
 
+async def _held_apart(url: str, count: int, hold: float, *, cluster: bool) -> dict[str, Any]:
+    """:func:`held` in a process of its own: its memory grows from a fresh start.
+
+    (In one process, a run would reuse the memory an earlier one freed, and
+    seem to need none.) The child runs this very module, with the same
+    interpreter flags and environment (``benchmarks.compare``'s choice of
+    aiolock included), and prints its row as JSON.
+    """
+    command = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
+    command += ["-m", MODULE, "--held-one", str(count), "--url", url, "--hold", str(hold)]
+    if cluster:
+        command.append("--on-cluster")
+    done = await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, timeout=hold + 300, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the held run of {count} failed:\n{done.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if "held" in args.workload:
@@ -386,11 +409,11 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         with embedded_server() as server:
             for count in args.held:
                 print(f"  held: {count} locks on one server ...", flush=True)
-                rows.append(await held(server.url, count, args.hold, cluster=False))
+                rows.append(await _held_apart(server.url, count, args.hold, cluster=False))
         if args.cluster_held:
             with _cluster() as url:
                 print(f"  held: {args.cluster_held} locks on a cluster ...", flush=True)
-                rows.append(await held(url, args.cluster_held, args.hold, cluster=True))
+                rows.append(await _held_apart(url, args.cluster_held, args.hold, cluster=True))
         result["held"] = rows
     if "waiters" in args.workload:
         rows = []
@@ -563,8 +586,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=float, help="waiters: seconds of cycling (10)")
     parser.add_argument("--holders", type=_sizes, help="cost: holders per run (0,1000,3000)")
     parser.add_argument("--cycles", type=int, help="cost: acquire + release cycles (300)")
+    # (One held run in this process, for _held_apart: its row as JSON on stdout.)
+    parser.add_argument("--held-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--on-cluster", action="store_true", help=argparse.SUPPRESS)
     argv_list = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv_list)
+    if args.held_one is not None:
+        row = run(
+            lambda: held(args.url, args.held_one, args.hold or 30.0, cluster=args.on_cluster),
+            args.loop,
+        )
+        print(json.dumps(row))
+        return 0
     quick = args.quick
     args.workload = args.workload or list(WORKLOADS)
     args.held = args.held or ([200, 1000] if quick else [1000, 5000, 10000])

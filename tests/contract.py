@@ -38,6 +38,7 @@ from aiolock import (
     Semaphore,
 )
 from aiolock._rwlock import RWSide
+from aiolock._scripts import RW_INDEX_SUFFIX
 from aiolock.testing import RedisServer
 
 #: A lock under the contract (a new primitive joins this union).
@@ -144,10 +145,11 @@ return 1
 )
 
 # A read-write lock's key is a hash: each holder's token -> 'r<ends>' (a reader) or
-# 'w<ends>' (the writer), <ends> the server time (ms) at which its lease ends; a field
-# whose end is not after the server's now holds nothing. The hash expires with its
-# longest lease and vanishes with its last field. These scripts are the sorted-set ones
-# above for the hash (KEYS[1]: the read-write lock's key).
+# 'w<ends>' (the writer), <ends> the server time (ms) at which its lease ends, and the
+# field '=w' naming the writer; a field whose end is not after the server's now holds
+# nothing. Its index, '<key>:ends', scores each holder's token with the same end. Both
+# expire with the longest lease and vanish with the last holder. These scripts are the
+# sorted-set ones above for the hash and its index (KEYS[1]: the read-write lock's key).
 
 # The unexpired holders, readers and writer: {token, ms left, token, ms left, ...}.
 _RW_HOLDERS = (
@@ -156,58 +158,71 @@ _RW_HOLDERS = (
 local held = {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-    local left = tonumber(string.sub(all[i + 1], 2)) - now
-    if left > 0 then
-        table.insert(held, all[i])
-        table.insert(held, left)
+    if string.sub(all[i], 1, 1) ~= '=' then
+        local left = tonumber(string.sub(all[i + 1], 2)) - now
+        if left > 0 then
+            table.insert(held, all[i])
+            table.insert(held, left)
+        end
     end
 end
 return held
 """
 )
 
-# Every unexpired holder's lease ends ARGV[1] ms from now, its kind kept; the hash then
-# expires with its longest lease, or ARGV[2] ms from now if that is later. Returns how
-# many holders.
+# Every unexpired holder's lease ends ARGV[1] ms from now, its kind kept (in the hash and
+# in the index); both then expire with the longest lease, or ARGV[2] ms from now if that
+# is later. Returns how many holders.
 _RW_SET_LEASES = (
     _NOW
     + """
+local index = KEYS[1] .. ':ends'
 local all = redis.call('HGETALL', KEYS[1])
 local ends = now + tonumber(ARGV[1])
 local last = 0
 local held = 0
 for i = 1, #all, 2 do
-    local kind = string.sub(all[i + 1], 1, 1)
-    local was = tonumber(string.sub(all[i + 1], 2))
-    if was > now then
-        redis.call('HSET', KEYS[1], all[i], kind .. string.format('%d', ends))
-        was = ends
-        held = held + 1
+    if string.sub(all[i], 1, 1) ~= '=' then
+        local kind = string.sub(all[i + 1], 1, 1)
+        local was = tonumber(string.sub(all[i + 1], 2))
+        if was > now then
+            redis.call('HSET', KEYS[1], all[i], kind .. string.format('%d', ends))
+            redis.call('ZADD', index, ends, all[i])
+            was = ends
+            held = held + 1
+        end
+        last = math.max(last, was)
     end
-    last = math.max(last, was)
 end
 if held > 0 then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.max(last, now + tonumber(ARGV[2]))))
+    local at = string.format('%d', math.max(last, now + tonumber(ARGV[2])))
+    redis.call('PEXPIREAT', KEYS[1], at)
+    redis.call('PEXPIREAT', index, at)
 end
 return held
 """
 )
 
 # ARGV[1] takes the place of every unexpired holder, as the writer with a lease of
-# ARGV[2] ms (the hash is made if need be; it expires with that lease, the longest: the
-# other fields left have ended).
+# ARGV[2] ms (the hash and its index are made if need be; they expire with that lease,
+# the longest: the other fields left have ended).
 _RW_OVERWRITE = (
     _NOW
     + """
+local index = KEYS[1] .. ':ends'
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-    if tonumber(string.sub(all[i + 1], 2)) > now then
+    if string.sub(all[i], 1, 1) ~= '=' and tonumber(string.sub(all[i + 1], 2)) > now then
         redis.call('HDEL', KEYS[1], all[i])
+        redis.call('ZREM', index, all[i])
     end
 end
-local ends = string.format('%d', now + tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], ARGV[1], 'w' .. ends)
-redis.call('PEXPIREAT', KEYS[1], ends)
+local ends = now + tonumber(ARGV[2])
+local at = string.format('%d', ends)
+redis.call('HSET', KEYS[1], ARGV[1], 'w' .. at, '=w', ARGV[1])
+redis.call('ZADD', index, ends, ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', index, at)
 return 1
 """
 )
@@ -414,6 +429,10 @@ class Subject:
         await asyncio.sleep(0.05)
         assert not any(await self.present(key)), f"{key!r} appeared after the cancellation"
 
+    def holding_keys(self, key: str) -> set[str]:
+        """The keys on a server while ``key`` is held (a read-write lock's index with it)."""
+        return {key, key + RW_INDEX_SUFFIX} if self.side else {key}
+
     async def keys_left(self) -> list[str]:
         """The keys of the test's name still on any server."""
         pattern = all_keys(self.name)
@@ -458,9 +477,11 @@ class Subject:
                 await a.pexpire(key, max(ms, 1))
 
     async def delete(self, key: str) -> None:
-        """Delete ``key`` on every server."""
+        """Delete ``key`` on every server (and a read-write lock's index beside it)."""
         for a in self.admins:
             await a.delete(key)
+            if self.side:
+                await a.delete(key + RW_INDEX_SUFFIX)
 
     async def pause(self, ms: int = 5000) -> None:
         """``CLIENT PAUSE ms WRITE`` on every server: lock commands are held back."""

@@ -16,12 +16,15 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import all_keys, connected, connections_made, other_tasks
 
 from aiolock import AsyncLock, ReadWriteLock, Semaphore
-from aiolock._wire import _Gate
+from aiolock._wire import _Gate, _packed
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -174,3 +177,28 @@ async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away() -> None:
     gate.leave()
     await asyncio.wait_for(gate.enter(), 1)  # the one slot is free again
     gate.leave()
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.binary(max_size=40),
+            st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["EVALSHA", "SET", "SCRIPT LOAD", "CLIENT SETINFO"]),
+)
+def test_commands_are_packed_as_redis_py_packs_them(args: list[Any], command: str) -> None:
+    """aiolock's packing (one join) gives the bytes redis-py's ``pack_command`` gives."""
+    whole = (command, *args)
+    ours = _packed(whole, "utf-8", "strict")
+    assert ours is not None
+    assert b"".join(ours) == b"".join(RedisConnection().pack_command(*whole))
+
+
+def test_what_it_cannot_pack_is_left_to_redis_py() -> None:
+    """A float, or a command name that is not a str, is redis-py's to encode."""
+    assert _packed(("SET", "k", 1.5), "utf-8", "strict") is None
+    assert _packed((b"SET", "k", "v"), "utf-8", "strict") is None

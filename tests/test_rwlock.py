@@ -401,3 +401,35 @@ async def test_extending_a_holding_to_a_shorter_lease_shortens_the_keys_life(
         assert 9000 < await admin.pttl(f"aiolock:{{{name}}}") <= 10_000
         await rw.reader.extend(ttl=1.0)
         assert 0 < await admin.pttl(f"aiolock:{{{name}}}") <= 1000
+
+
+async def test_dead_readers_are_dropped_from_the_index_a_few_at_a_time(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """40 readers died holding: a writer gets in when their leases end, and nothing is left.
+
+    The holders' ends are counted in the index (``key:ends``), never by
+    reading every holder; each script drops at most 16 ended ones, so the
+    writer's attempt, its release and the next reader's clear them all.
+    """
+    key = f"aiolock:{{{name}}}"
+    index = key + ":ends"
+    seconds, micros = await admin.time()
+    ends = seconds * 1000 + micros // 1000 + 300
+    for i in range(40):  # what 40 readers that died leave (their leases end in 0.3 s)
+        await admin.hset(key, f"dead{i:02d}", f"r{ends}")
+        await admin.zadd(index, {f"dead{i:02d}": ends})
+    await admin.pexpireat(key, ends)
+    await admin.pexpireat(index, ends)
+    await admin.persist(key)  # (as if a live holder kept the keys: only the ends tell)
+    await admin.persist(index)
+    rw = ReadWriteLock(client, name, ttl=2.0)
+    assert not await rw.writer.acquire(timeout=0.05)  # the readers still hold
+    started = time.monotonic()
+    assert await rw.writer.acquire(timeout=2.0)
+    assert time.monotonic() - started < 0.5
+    assert await admin.zcard(index) == 40 - 16 + 1  # 16 dropped, the writer added
+    await rw.writer.release()
+    async with rw.reader:
+        pass
+    assert await admin.keys(all_keys(name)) == []
