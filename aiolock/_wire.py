@@ -49,6 +49,7 @@ redis-py's ``ClusterError``. Other errors pass unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections import deque
 from typing import Any, Final, Protocol, cast, final
@@ -531,35 +532,20 @@ class Wire:
             LockError: the key is of another kind of primitive (``WRONGTYPE``).
             ReplyLost: a ``once`` script may have run, and its reply was lost.
         """
-        key = keys[0] if keys else None
+        send = functools.partial(
+            self._send, key=keys[0] if keys else None, once=once, trace=trace, urgent=urgent
+        )
+        evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await self._send(
-                ("EVALSHA", script.sha, len(keys), *keys, *args),
-                key=key,
-                once=once,
-                trace=trace,
-                urgent=urgent,
-            )
+            return await send(evalsha)
         except NoScriptError:
             await self._send(("SCRIPT LOAD", script.text))
         try:
-            return await self._send(
-                ("EVALSHA", script.sha, len(keys), *keys, *args),
-                key=key,
-                once=once,
-                trace=trace,
-                urgent=urgent,
-            )
+            return await send(evalsha)
         except NoScriptError:
             # Loaded, yet unknown where the key is: seen with redis-py 7.4's cluster
             # client after a failover. EVAL carries the text to the key's node.
-            return await self._send(
-                ("EVAL", script.text, len(keys), *keys, *args),
-                key=key,
-                once=once,
-                trace=trace,
-                urgent=urgent,
-            )
+            return await send(("EVAL", script.text, len(keys), *keys, *args))
 
     async def wrong_kind(self, key: str) -> LockError:
         """The error for a command that met ``key`` holding another kind of primitive."""
