@@ -110,7 +110,7 @@ def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
     or the holding belongs to another thread, the running loop is asked.
     """
     if hint is not None and hint.thread == threading.get_ident():
-        task = asyncio.current_task(hint.task.get_loop())
+        task = asyncio.current_task(hint.loop)
         if task is not None:
             return task
     task = asyncio.current_task()
@@ -125,7 +125,8 @@ class LockStatistics:
 
     Attributes:
         held: a task of this process holds the lock through this client.
-        owner: that task, or None.
+        owner: that task, or None (also when the task that acquired has
+            ended: the holding goes on, detached, and any task may release it).
         tasks_waiting: how many tasks of this process wait for the lock
             through this client (the first of them may be talking to the
             server; the others wait in the local queue behind it).
@@ -298,7 +299,7 @@ class LeaseLock:
         contending = queue.owner is not None and queue.holder is None
         return LockStatistics(
             held=queue.holder is not None,
-            owner=queue.holder,
+            owner=queue.holder if isinstance(queue.holder, asyncio.Task) else None,
             tasks_waiting=queue.waiting + int(contending),
         )
 
@@ -326,13 +327,13 @@ class LeaseLock:
         detached = self._detached
         while detached:
             holding = detached[-1]
-            if holding.live and not holding.task.get_loop().is_closed():
+            if holding.live and not holding.loop.is_closed():
                 return holding
             detached.pop()
             if holding.live:  # its loop closed while it was held
                 never_released(holding, "its event loop was closed while it was held")
         current = self._current
-        if current is not None and current.live and current.task.done():
+        if current is not None and current.live and (current.task is None or current.task.done()):
             return current  # detached a moment ago: its task's callback has not run yet
         return None
 
@@ -497,7 +498,7 @@ class LeaseLock:
             return
         if due is None:
             due = max(time.monotonic(), holding.next_due())
-        renewer_for(holding.task.get_loop()).add(holding, weakref.ref(self), due)
+        renewer_for(holding.loop).add(holding, weakref.ref(self), due)
 
     def _lease_over(self, holding: Holding) -> None:
         holding.timer = None
@@ -520,6 +521,16 @@ class LeaseLock:
         if holding is None or not holding.live:
             return
         self._detached.append(holding)
+        # Keep nothing of the ended task (its coroutine, context and result): thousands
+        # of holdings acquired by short tasks would keep thousands of them.
+        holding.task = None
+        queue = holding.queue
+        if queue.owner is task:
+            queue.owner = holding
+        if queue.holder is task:
+            queue.holder = holding
+        if not self._by_task:
+            self._by_task = {}  # (a dict keeps the table it grew to)
         timer = holding.timer
         if holding.renewer is None and timer is not None and self._auto_renew:
             # It joins the renewer now rather than at its first renewal point: a loop
@@ -556,7 +567,7 @@ class LeaseLock:
             return
         self._stop_watching(holding)
         self._pass_baton(holding)
-        if self._scopes is not None:
+        if self._scopes is not None and holding.task is not None:
             for scope in self._scopes.get(holding.task, ()):
                 if scope is not None:
                     scope.cancel()
@@ -576,7 +587,7 @@ class LeaseLock:
                 logger.exception("on_lost callback of lock %r raised", self._name)
             else:
                 if inspect.isawaitable(result):
-                    holding.callbacks.append(asyncio.ensure_future(self._run_callback(result)))
+                    holding.callbacks += (asyncio.ensure_future(self._run_callback(result)),)
 
     async def _run_callback(self, awaitable: Any) -> None:
         try:
@@ -598,9 +609,10 @@ class LeaseLock:
             holding.timer = None
         if holding.renewer is not None:
             self._stop_watching(holding)
-        if self._by_task.get(holding.task) is holding:
-            del self._by_task[holding.task]
-            holding.task.remove_done_callback(self._task_done)
+        task = holding.task
+        if task is not None and self._by_task.get(task) is holding:
+            del self._by_task[task]
+            task.remove_done_callback(self._task_done)
         elif holding in self._detached:
             self._detached.remove(holding)
         if self._current is holding:
@@ -613,7 +625,7 @@ class LeaseLock:
             t for t in (holding.renewal, *holding.callbacks) if t is not None and t is not me
         ]
         holding.renewal = None
-        holding.callbacks = []
+        holding.callbacks = ()
         if pending:
             await finish(pending)  # shielded: a cancelled release must not return before them
 

@@ -135,8 +135,9 @@ class LocalQueue:
         self.loop = loop
         #: The process that made it (a forked child starts with its own).
         self.pid = os.getpid()
-        self.owner: asyncio.Task[Any] | None = None  # the baton holder
-        self.holder: asyncio.Task[Any] | None = None  # the baton holder, once it holds the lock
+        # The baton holder: a task, or the holding of one that ended while it held.
+        self.owner: object | None = None
+        self.holder: object | None = None  # the baton holder, once it holds the lock
         self.run_started = 0.0  # when the lock last came from the server, not a hand-over
         self.reserved: Entry | None = None  # the waiter a hand-over in flight is for
         self._waiters: deque[Entry] | None = None  # (made at the first waiter: a held lock's

@@ -97,6 +97,7 @@ class Holding:
         "hold_end",
         "lease",
         "lease_end",
+        "loop",
         "loss_reason",
         "lost",
         "name",
@@ -130,7 +131,10 @@ class Holding:
         self.token = token
         self.queue = queue  # the local queue whose baton it holds
         self.thread = threading.get_ident()  # the thread whose event loop it belongs to
-        self.task = task  # the task that acquired (it may end first: the holding is detached)
+        # The task that acquired; None once it has ended (the holding is detached, and
+        # keeps nothing of it: a done task holds its coroutine, context and result).
+        self.task: asyncio.Task[Any] | None = task
+        self.loop = task.get_loop()  # the event loop it belongs to
         self.ttl = ttl  # asked of the server
         self.span = span  # counted by the holder
         self.renewed_at = sent
@@ -160,7 +164,8 @@ class Holding:
         self.extending = False
         #: The renewer's task, when the end of this holding ended it: its release awaits it.
         self.renewal: asyncio.Task[None] | None = None
-        self.callbacks: list[asyncio.Future[Any]] = []
+        #: ``on_lost`` coroutines still running (a tuple: most holdings never have one).
+        self.callbacks: tuple[asyncio.Future[Any], ...] = ()
 
     def is_lost(self) -> bool:
         """Whether the holding has been declared lost (a method, so checkers re-read it)."""
@@ -630,7 +635,7 @@ def _stop(holding: Holding) -> None:
     holding.timer = None
     if timer is None and renewer is None:
         return
-    loop = holding.task.get_loop()
+    loop = holding.loop
 
     def stop() -> None:
         if timer is not None:

@@ -21,6 +21,7 @@ turns that cancellation back into a plain "expired" flag, as
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
@@ -30,6 +31,10 @@ from types import TracebackType
 from typing import Any, Final, final
 
 __all__ = ["Cutoff", "Timer", "call_at", "spare_at"]
+
+#: The context the loop timer runs in: none of the task that armed it, which it
+#: would keep alive (a task's context refers to the task) until it fires.
+_CONTEXT: Final = contextvars.Context()
 
 #: Compact a heap only once it holds at least this many cancelled deadlines.
 _COMPACT_MIN: Final = 64
@@ -133,7 +138,9 @@ class _Scheduler:
             return
         self._generation += 1
         self._armed = when
-        loop.call_later(max(0.0, when - time.monotonic()), self._fire, self._generation)
+        loop.call_later(
+            max(0.0, when - time.monotonic()), self._fire, self._generation, context=_CONTEXT
+        )
 
     def _fire(self, generation: int) -> None:
         if generation != self._generation:

@@ -11,7 +11,9 @@ command waits for a connection within its caller's deadline, and redis-py's
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -51,6 +53,34 @@ async def test_hundreds_held_on_a_pool_of_four_are_renewed_and_none_is_lost(
         await asyncio.gather(*(lock.release() for lock in locks))
     assert await admin.keys(all_keys(name)) == []
     assert await other_tasks() == set()
+
+
+async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """Locks acquired by ``gather``'s tasks: held and renewed, their ended tasks collected.
+
+    An ended task keeps its coroutine, context and result; a thousand
+    holdings keeping theirs cost a kilobyte each.
+    """
+    locks = [AsyncLock(client, f"{name}:{i}", ttl=0.6) for i in range(100)]
+    tasks = [asyncio.ensure_future(lock.acquire()) for lock in locks]
+    assert all(await asyncio.gather(*tasks))
+    refs = [weakref.ref(task) for task in tasks]
+    del tasks
+    await asyncio.sleep(0.01)  # (the loop's own handles that name the tasks have run)
+    gc.collect()
+    # A connection opened by a task keeps a copy of its context (asyncio's reader
+    # callback), and so that task: one per connection, none per holding.
+    assert len([ref for ref in refs if ref() is not None]) <= connections_made(client)
+    await asyncio.sleep(0.8)  # past the first lease: renewed
+    assert not any(lock.lost for lock in locks)
+    assert await admin.exists(*(lock.key for lock in locks)) == len(locks)
+    stats = locks[0].statistics()
+    assert stats.held
+    assert stats.owner is None
+    await asyncio.gather(*(lock.release() for lock in locks))
+    assert await admin.keys(all_keys(name)) == []
 
 
 @pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])
