@@ -209,6 +209,30 @@ async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away() -> None:
     gate.leave()
 
 
+async def test_a_wait_cancelled_as_its_slot_is_passed_over_ends_cancelled() -> None:
+    """Cancelled, then passed over by a slot given back before it runs: a plain cancellation.
+
+    Releasing 10,000 locks at once let leases end while releases waited for a
+    slot: the cut-off cancelled a waiting release, another command gave its
+    slot back before that release ran again (and skipped it, being
+    cancelled), and the release raised ``ValueError`` from the line instead.
+    """
+    gate = _Gate(1)
+    await gate.enter()
+    waiting = asyncio.ensure_future(gate.enter())
+    behind = asyncio.ensure_future(gate.enter())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    gate.leave()  # before `waiting` runs again: its slot goes to the next in line
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.wait_for(behind, 1)
+    assert gate.waiting == 0
+    gate.leave()
+    await asyncio.wait_for(gate.enter(), 1)  # the one slot is free again
+    gate.leave()
+
+
 @given(
     st.lists(
         st.one_of(
