@@ -26,6 +26,12 @@ Three workloads, each on private servers on loopback:
   on a client made with ``max_connections=20`` (a ``ConnectionPool`` that
   raises when exhausted) and, as the baseline, on a ``BlockingConnectionPool``
   of 100.
+* ``floor``: what the server spends on one command on this machine, to
+  judge the renewal's cost by: ``PING``, ``PEXPIRE`` (the cheapest write a
+  renewal could be, without its owner check) and ``SET key token IFEQ token
+  PX ms`` (the server's compare-and-extend, where it has one), each sent
+  10,000 times a second in pipelines of 100 over 10,000 keys; reported in
+  microseconds of server CPU per command.
 * ``cost``: the server's CPU for one acquire + release of a reader of a
   ``ReadWriteLock`` and of a permit of a ``Semaphore`` while 0, 1,000 and
   3,000 others hold it (they hold with ``auto_renew=False`` and a long
@@ -70,7 +76,7 @@ from ._common import (
 
 NAME: Final = "scale"
 MODULE: Final = "benchmarks.scale"
-WORKLOADS: Final = ("held", "waiters", "cost")
+WORKLOADS: Final = ("held", "waiters", "cost", "floor")
 #: The lease of the held locks.
 HELD_TTL: Final = 3.0
 #: The bounds the held workload is judged by (a share of one core; bytes per held lock).
@@ -435,7 +441,66 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"  cost: {kind} with {holders} holders ...", flush=True)
                     rows.append(await cost(server.url, kind, holders, args.cycles))
         result["cost"] = rows
+    if "floor" in args.workload:
+        with embedded_server() as server:
+            print("  floor: PING, PEXPIRE, SET IFEQ ...", flush=True)
+            result["floor"] = await floor(server.url, 10_000, 3.0 if args.quick else 8.0)
     return result
+
+
+# -- floor -----------------------------------------------------------------------------------
+
+
+async def floor(url: str, keys: int, seconds: float) -> list[dict[str, Any]]:
+    """Server CPU per command of a few single-key commands, 10,000 a second in pipelines of 100."""
+    client = Redis.from_url(url)
+    rows: list[dict[str, Any]] = []
+    try:
+        names = [f"bench:scale:floor:{{{i}}}" for i in range(keys)]
+        token = os.urandom(16).hex()  # (a holder's token)
+        for start in range(0, keys, 1000):
+            pipe = client.pipeline(transaction=False)
+            for name in names[start : start + 1000]:
+                pipe.set(name, token, px=600_000)
+            await pipe.execute()
+        info = await client.info("server")
+        version = tuple(int(p) for p in str(info.get("valkey_version") or "0.0").split(".")[:2])
+        kinds = ["PING", "PEXPIRE"]
+        if version >= (8, 1):  # (SET ... IFEQ: Valkey 8.1 on; Redis 8.4)
+            kinds.append("SET IFEQ")
+        for kind in kinds:
+            cpu0 = await _cpu([client])
+            sent = 0
+            started = time.monotonic()
+            due = started
+            while time.monotonic() - started < seconds:
+                pipe = client.pipeline(transaction=False)
+                for name in names[sent % keys : sent % keys + 100]:
+                    if kind == "PING":
+                        pipe.execute_command("PING")
+                    elif kind == "PEXPIRE":
+                        pipe.execute_command("PEXPIRE", name, 600_000)
+                    else:
+                        pipe.execute_command("SET", name, token, "IFEQ", token, "PX", 600_000)
+                await pipe.execute()
+                sent += 100
+                due += 0.01
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            wall = time.monotonic() - started
+            cpu = await _cpu([client]) - cpu0
+            rows.append(
+                {
+                    "command": kind,
+                    "per_s": sent / wall,
+                    "us_per_command": cpu / sent * 1e6,
+                    "server_cpu_share": cpu / wall,
+                }
+            )
+        for start in range(0, keys, 1000):
+            await client.delete(*names[start : start + 1000])
+    finally:
+        await client.aclose()
+    return rows
 
 
 def _report(result: dict[str, Any]) -> bool:
@@ -549,6 +614,20 @@ def _report(result: dict[str, Any]) -> bool:
                     "PASS" if r["pass"] else "FAIL",
                 ]
                 for r in costs
+            ],
+        )
+    if result.get("floor"):
+        print_table(
+            "Floor: the server's CPU per command, 10,000 a second in pipelines of 100",
+            ["command", "per second", "server CPU", "µs per command"],
+            [
+                [
+                    r["command"],
+                    f"{r['per_s']:,.0f}",
+                    _share(r["server_cpu_share"]),
+                    f"{r['us_per_command']:.2f}",
+                ]
+                for r in result["floor"]
             ],
         )
     return ok

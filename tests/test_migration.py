@@ -613,6 +613,15 @@ async def test_a_handed_over_lock_starts_on_a_short_lease_then_renews_to_ttl(env
         await eventually(
             lambda: queued_on_server(env.admin, env.key), "the heir queued on the server"
         )
+
+        async def listening() -> bool:
+            numsub = await env.admin.pubsub_numsub(f"{env.key}:released")
+            return bool(numsub and numsub[0][1])
+
+        # A grant sent before its subscription is confirmed reaches the heir as its next
+        # attempt, which takes the lock with the whole ttl: wait for it to listen.
+        await eventually(listening, "the heir listens for its grant")
+        await asyncio.sleep(0.1)  # (its confirmation's one more attempt is done)
         await holder.release()
         await asyncio.wait_for(held.wait(), 2.0)
         first = await env.admin.pttl(env.key)
