@@ -252,8 +252,6 @@ async def _contend(
             if reply is not None and reply[1] == RETRY:
                 continue  # the first, bare attempt failed: the full attempt follows at once
             pttl = reply[1] if reply is not None else -1
-            if call.queued and reply is not None:
-                lease.register(call.token, sent)  # kept with the client's other waiters
             # A key without expiry (PTTL -1) is not an aiolock holding (every one has a
             # lease): another library's lock, whose release sends no grant. Poll it.
             if (
@@ -287,8 +285,6 @@ async def _contend(
                 subscription = await lease.subscribe(seen)
             await _pause(lease, task, subscription, delay, baseline, call, sent)
     finally:
-        if call.queued:
-            lease.forget(call.token)  # no more refreshes: it holds, or it gives up
         if timer is not None and won is None:
             timer.cancel()
         if subscription is not None:
@@ -326,10 +322,10 @@ async def _pause(
         if news or now >= end or not call.queued:
             return  # (a timer may fire a little early: that is the pause's end too)
         if now >= refreshed + lease.refresh_every:
-            standing, proof = await lease.refresh(call.token, end, task)
-            if standing is False:
+            sent = now
+            if await lease.refresh(call.token, end, task) is False:
                 return  # granted, or lost: the attempt tells
-            refreshed = proof if standing else now
+            refreshed = sent
 
 
 async def _wait_in_queue(
@@ -382,20 +378,17 @@ async def _wait_in_queue(
         if deadline is not None and now >= deadline:
             return None  # the last attempt at the deadline, then the answer
         if now >= refresh_at:
-            until = now + lease.refresh_every
+            sent = now
+            until = sent + lease.refresh_every
             if deadline is not None and deadline < until:
                 until = deadline
-            standing, shown = await lease.refresh(call.token, until, task)
+            alive = await lease.refresh(call.token, until, task)
             await honour_cancellation(task, baseline)
-            if standing is False:
+            if alive is False:
                 return None  # granted (the message was missed), or lost: the attempt tells
-            if standing:
-                # (Shown standing by the latest KEEP of the client's waiters, which may
-                # have been sent by another a moment ago: refresh with them from now on.)
-                proof = max(proof, shown)
-                refresh_at = shown + lease.refresh_every
-            else:
-                refresh_at = now + lease.refresh_every
+            if alive:
+                proof = sent
+            refresh_at = sent + lease.refresh_every
             continue
         if watch is not None and now >= watch:
             # The holder's lease as we knew it is over: ask how long the lock is held.

@@ -4,17 +4,17 @@ A lock named ``name`` under ``prefix`` lives in the key ``<prefix>{<name>}``.
 Its companions append a suffix *after* the closing brace, so that the hash
 tag, and with it the Redis Cluster hash slot, is the same for all of them:
 
-====================  ================================  =========================================
-name                  key                               what it holds
-====================  ================================  =========================================
-:attr:`Keys.lock`     ``<prefix>{<name>}``              the holder's token, with the lease
-:attr:`Keys.queue`    ``<prefix>{<name>}:queue``        the waiters elsewhere, in order (tokens);
+===================  ==================================  =====================================
+name                 key                                 what it holds
+===================  ==================================  =====================================
+:attr:`Keys.lock`    ``<prefix>{<name>}``                the holder's token, with the lease
+:attr:`Keys.queue`   ``<prefix>{<name>}:queue``          the waiters elsewhere, in order (tokens);
                                                         a semaphore's: ``...:queue:semaphore``,
                                                         a read-write lock's: ``...:queue:rw``
-:meth:`Keys.entries`  ``<prefix>{<name>}:queue:@<id>``  one process's waiters: token -> entry
-:attr:`Keys.fence`    ``<prefix>{<name>}:fence``        the last fencing number (kept)
-:attr:`Keys.channel`  ``<prefix>{<name>}:released``     the release and grant channel
-====================  ================================  =========================================
+:meth:`Keys.entry`   ``<prefix>{<name>}:queue:<token>``  one waiter's entry: alive while it exists
+:attr:`Keys.fence`   ``<prefix>{<name>}:fence``          the last fencing number (kept)
+:attr:`Keys.channel` ``<prefix>{<name>}:released``       the release and grant channel
+===================  ==================================  =====================================
 
 Each kind of primitive has a queue of its own (:data:`QUEUES`): a waiter
 of one kind is never granted the key of another (a lock waiter a permit).
@@ -80,15 +80,12 @@ class Keys:
         #: The release channel: ``<lock>:released``.
         self.channel: Final = f"{lock}:released"
 
-    def entries(self, token: str) -> str:
-        """The queued waiters' entries of ``token``'s process: ``<queue>:@<id>``, a hash.
+    def entry(self, token: str) -> str:
+        """The entry of the waiter with ``token``: ``<queue>:<token>``, alive while it exists.
 
-        ``id`` is the token's first 8 characters (a process's waiters share
-        them); the hash maps each of its queued waiters' tokens to its entry,
-        and lives while that process keeps it. The scripts build the same
-        name from :attr:`queue` (it shares the slot).
+        The scripts build the same name from :attr:`queue` (it shares the slot).
         """
-        return f"{self.queue}:@{token[:8]}"
+        return f"{self.queue}:{token}"
 
     def __repr__(self) -> str:
         return f"Keys({self.lock!r})"

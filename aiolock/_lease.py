@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 import weakref
@@ -49,16 +48,7 @@ from ._checks import check_ttl, to_ms
 from ._exceptions import LockError
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
-from ._scripts import (
-    ACQUIRE,
-    EXTEND,
-    EXTEND_MANY,
-    HANDOVER,
-    KEEP,
-    LEAVE,
-    RELEASE,
-    Script,
-)
+from ._scripts import ACQUIRE, EXTEND, EXTEND_MANY, HANDOVER, LEAVE, RELEASE, Script
 from ._timers import Cutoff, Timer
 from ._wire import ReplyLost, Wire
 
@@ -120,19 +110,6 @@ LOOK: Final = "2"
 KNOWN: Final = "0"
 
 
-#: The id of this process's waiters: the first 8 characters of its tokens (a forked
-#: child gets its own). Their entries on the server live while the process keeps them.
-_process_id = os.urandom(4).hex()
-
-
-def _new_process_id() -> None:
-    global _process_id
-    _process_id = os.urandom(4).hex()
-
-
-os.register_at_fork(after_in_child=_new_process_id)
-
-
 @final
 class Call:
     """One ``acquire()`` call: what it saw, and what is left of its cleanup budget.
@@ -162,8 +139,7 @@ class Call:
 
     def __init__(self) -> None:
         #: The token of every attempt of this call (and of its queue entry): 128 random bits.
-        # (Its first 8 characters are the process's: they name its waiters' entries.)
-        self.token = _process_id + os.urandom(12).hex()
+        self.token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
         #: How many attempts the call has sent.
         self.attempts = 0
         #: An attempt put the caller in the queue on the server (it may still be there).
@@ -336,26 +312,13 @@ class Lease(Protocol):
         """
         ...
 
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """Keep the queued waiter ``token`` alive: whether it still stands in the queue.
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+        """Keep the queue entry of ``token`` alive; False if it is gone, None if unknown.
 
-        Returns ``(standing, proof)``: True and when the command was sent that
-        showed it standing (the time the heir's lease counts from); False if
-        its entry is gone; None if not known (an error, or no answer by
-        ``until``, when ``task`` is cut off). Gone means granted (the grant
+        ``task`` is cut off at ``until``. Gone means granted (the grant
         deletes the entry) or lost (the server lost its data): the caller
         attempts again, which tells which.
         """
-        ...
-
-    def register(self, token: str, shown: float) -> None:
-        """``token`` stands in the queue since ``shown``, when its queueing attempt was sent."""
-        ...
-
-    def forget(self, token: str) -> None:
-        """The call of ``token`` no longer waits: its refreshes stop."""
         ...
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
@@ -397,7 +360,7 @@ _REMEMBERED: Final = 1024
 class _Site:
     """What the leases of one client share, looked up once per lock."""
 
-    __slots__ = ("__weakref__", "keepers", "leases", "listeners", "queues", "wire")
+    __slots__ = ("__weakref__", "leases", "listeners", "queues", "wire")
 
     def __init__(self, client: Client) -> None:
         self.wire = Wire(client)
@@ -406,166 +369,6 @@ class _Site:
         #: Leases by their options: a lease holds no state of its own, so the locks a
         #: handler makes per request with the same options share one.
         self.leases: dict[tuple[Any, ...], ServerLease] = {}
-        #: The refreshes of the client's queued waiters, per queue (name).
-        self.keepers: dict[str, Keeper] = {}
-
-    def keeper(self, queue: str) -> Keeper:
-        """The keeper of this client's waiters in ``queue`` (made if need be)."""
-        keeper = self.keepers.get(queue)
-        if keeper is None:
-            keeper = self.keepers[queue] = Keeper(self, queue)
-        return keeper
-
-
-#: The most waiters one KEEP call refreshes.
-KEEP_MOST: Final = 500
-
-
-@final
-class _Kept:
-    """What a keeper knows of one queued waiter."""
-
-    __slots__ = ("asked", "every", "gone", "life", "proof")
-
-    def __init__(self, life: int, every: float, now: float) -> None:
-        self.life = life  # the life its entry needs (ms)
-        self.every = every  # how often it refreshes (s)
-        self.asked = now  # its latest refresh
-        self.proof = -math.inf  # when the latest KEEP that found it standing was sent
-        self.gone = False  # the latest KEEP found its entry gone
-
-
-@final
-class Keeper:
-    """The refreshes of one client's queued waiters on one name: one KEEP for them all.
-
-    A waiter refreshes every :attr:`Lease.refresh_every`; the first that is
-    due sends one KEEP for every waiter of the client on that name, which
-    keeps the process's entries on the server and tells which of them still
-    stand in the queue. The others, found standing a moment ago, take that
-    answer and send nothing: their next refresh falls due with the first's,
-    so the waiters of one client on one name refresh together, one call
-    (two commands) however many they are.
-    """
-
-    __slots__ = ("_dropped", "_flight", "_flying", "_loop", "_queue", "_site", "_tokens")
-
-    def __init__(self, site: _Site, queue: str) -> None:
-        self._site = site
-        self._queue = queue
-        self._tokens: dict[str, _Kept] = {}
-        #: Tokens whose calls stopped waiting since the last KEEP: it drops their entries.
-        self._dropped: set[str] = set()
-        self._flight: asyncio.Task[float] | None = None
-        self._flying: frozenset[str] = frozenset()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def register(self, token: str, life: int, every: float, shown: float) -> _Kept:
-        """``token`` stands in the queue since ``shown`` (an attempt sent then queued it).
-
-        From now on every KEEP of this keeper refreshes it too: a waiter
-        that just queued is kept by the next one, and finds it done when
-        its own refresh falls due.
-        """
-        kept = self._tokens.get(token)
-        if kept is None:
-            kept = self._tokens[token] = _Kept(life, every, time.monotonic())
-        kept.life = life
-        kept.every = every
-        kept.gone = False
-        kept.proof = max(kept.proof, shown)
-        return kept
-
-    async def refresh(self, token: str, life: int, every: float) -> tuple[bool | None, float]:
-        """``token`` still standing (True, since when), gone (False), or unknown (None).
-
-        One KEEP at a time: a waiter that the KEEP in flight does not carry
-        waits for it, and the next carries every waiter that asks meanwhile.
-        """
-        now = time.monotonic()
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # a new event loop: what the old one flew is gone
-            self._loop = loop
-            self._flight = None
-            self._flying = frozenset()
-        kept = self._tokens.get(token)
-        if kept is None:
-            kept = self.register(token, life, every, -math.inf)
-        kept.asked = now
-        kept.life = life
-        kept.every = every
-        while True:
-            if kept.gone:
-                self._tokens.pop(token, None)  # its attempt queues it again, or takes the lock
-                return False, kept.proof
-            if now < kept.proof + every:
-                return True, kept.proof  # found standing by a KEEP sent a moment ago
-            flight = self._flight
-            if flight is None or flight.done():
-                flight = self._send(now, loop)
-            carried = token in self._flying
-            try:
-                await asyncio.shield(flight)
-            except Exception:
-                if carried:
-                    raise
-            if self._tokens.get(token) is not kept:
-                return None, 0.0  # forgotten meanwhile (its call ended)
-            now = time.monotonic()
-
-    def forget(self, token: str) -> None:
-        """``token`` no longer waits: the next KEEP drops its entry, if it is still there."""
-        if self._tokens.pop(token, None) is not None:
-            self._dropped.add(token)
-        if not self._tokens and (self._flight is None or self._flight.done()):
-            site = self._site
-            if site.keepers.get(self._queue) is self:
-                del site.keepers[self._queue]
-
-    def _send(self, now: float, loop: asyncio.AbstractEventLoop) -> asyncio.Task[float]:
-        """One KEEP for the waiters that still ask (a waiter silent for three periods does not)."""
-        tokens = self._tokens
-        # (A forked child keeps its parent's tokens here: they are not its own to keep.)
-        mine = _process_id
-        for token in [
-            t
-            for t, k in tokens.items()
-            if now - k.asked > 3 * k.every + 1.0 or not t.startswith(mine)
-        ]:
-            del tokens[token]
-        # The longest unrefreshed first: a KEEP carries at most KEEP_MOST.
-        chosen = sorted(tokens, key=lambda t: tokens[t].proof)[:KEEP_MOST]
-        life = min((tokens[t].life for t in chosen), default=to_ms(ENTRY_CAP))
-        dropped = [t for t in self._dropped if t.startswith(mine)][:KEEP_MOST]
-        self._dropped.clear()
-        flight = loop.create_task(self._keep(chosen, dropped, life), name="aiolock keeping waiters")
-        flight.add_done_callback(_retrieved)
-        self._flight = flight
-        self._flying = frozenset(chosen)
-        return flight
-
-    async def _keep(self, chosen: list[str], dropped: list[str], life: int) -> float:
-        sent = time.monotonic()
-        if not chosen:
-            return sent  # (nobody left to keep: the entries expire by themselves)
-        args = (life, len(dropped), *dropped, *chosen)
-        entries = await self._site.wire.run(KEEP, (self._queue,), args)
-        tokens = self._tokens
-        for token, entry in zip(chosen, entries, strict=True):
-            kept = tokens.get(token)
-            if kept is None:
-                continue
-            if entry is None:
-                kept.gone = True
-            elif sent > kept.proof:
-                kept.proof = sent
-        return sent
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    """Mark a KEEP's error seen: its waiters were told (or had left)."""
-    if not task.cancelled():
-        task.exception()
 
 
 _sites: weakref.WeakKeyDictionary[Any, _Site] = weakref.WeakKeyDictionary()
@@ -1037,37 +840,22 @@ class ServerLease:
         """Take ``call``'s entry out of the queue (passing on a grant): shielded, bounded."""
         await self.undo(call.token, call)
 
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """Keep ``token`` queued, with the client's other waiters on this name (:class:`Keeper`).
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+        """``PEXPIRE`` the entry of ``token`` for one entry life; cut off at ``until``.
 
-        An error or a cut-off is only logged (None): the waiter lives on for
-        the rest of its alive key's life, and the next refresh may get through.
+        An error or a cut-off is only logged (None): the entry lives on for
+        the rest of its life, and the next refresh may get through.
         """
-        keeper = self._site.keeper(self.keys.queue)
         try:
             with Cutoff(until, task) as cutoff:
-                standing = await keeper.refresh(token, self._entry_ms, self.refresh_every)
+                alive = await self.wire.pexpire(self.keys.entry(token), self._entry_ms)
         except Exception as exc:
-            logger.debug("could not refresh the queue entries of %r: %r", self.name, exc)
-            return None, 0.0
+            logger.debug("could not refresh a queue entry of %r: %r", self.name, exc)
+            return None
         if cutoff.expired:
-            logger.debug("no answer in time to refresh the queue entries of %r", self.name)
-            return None, 0.0
-        return standing
-
-    def register(self, token: str, shown: float) -> None:
-        """``token`` stands in the queue since ``shown``: keep it with the client's others."""
-        self._site.keeper(self.keys.queue).register(
-            token, self._entry_ms, self.refresh_every, shown
-        )
-
-    def forget(self, token: str) -> None:
-        """The call of ``token`` no longer waits: its refreshes stop."""
-        keeper = self._site.keepers.get(self.keys.queue)
-        if keeper is not None:
-            keeper.forget(token)
+            logger.debug("no answer in time to refresh a queue entry of %r", self.name)
+            return None
+        return alive
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
         """``PTTL`` of the lock key (None on an error, or no answer by ``until``)."""

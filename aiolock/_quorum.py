@@ -237,17 +237,9 @@ class QuorumLease:
     async def leave(self, call: Call) -> None:
         """No queue on a quorum: its waiters race (a queue would need one order on a majority)."""
 
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
+    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
         """No queue entry on a quorum."""
-        return None, 0.0
-
-    def register(self, token: str, shown: float) -> None:
-        """No queue entry on a quorum."""
-
-    def forget(self, token: str) -> None:
-        """No queue entry on a quorum."""
+        return None
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
         """Not known on a quorum without asking every node: None."""

@@ -9,20 +9,18 @@ formatting.
 All keys one script touches share the lock's hash slot: the lock key is
 ``<prefix>{<name>}`` and its companions append a suffix after the ``}``.
 
-The queue between processes is a list of tokens, ``KEYS[2]``, and the
-*entries* of the waiters, one hash per process, ``KEYS[2] .. ':@' ..
-id``: token -> entry, where ``id`` is the first 8 characters of the
-tokens of that process's waiters. An entry is the lease a grant gives the
-waiter, the number of the attempt that wrote it and the tag of its
-process's grant channel (``'<ms> <n> <tag>'``, or ``'<ms>f <n> <tag>'``
-when it wants a fence, and ``'<ms>r ...'``, ``'<ms>w ...'`` for a reader's
-and a writer's; a waiter without notifications leaves the tag out). The
-hash lives while its process keeps it (``KEEP``, one call for all its
-waiters on the name): when the process dies, its waiters die with it. A
-token in the list without an entry is a dead waiter's, and is dropped when
-met. The hashes are the only keys a script names without ``KEYS``: a
-releaser cannot know the next waiter's token before it reads the list.
-They share the lock's slot, which Redis and Valkey clusters allow.
+The queue between processes (DESIGN.md §3.4) is a list of tokens,
+``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
+token``, whose value is the lease a grant gives it, the number of the
+attempt that wrote it and the tag of its process's grant channel
+(``'<ms> <n> <tag>'``, or ``'<ms>f <n> <tag>'`` when it wants a fence, and
+``'<ms>r ...'``, ``'<ms>w ...'`` for a reader's and a writer's; a waiter
+without notifications leaves the tag out). An entry lives while its waiter
+refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
+dead waiter's, and is dropped when met. Entry keys are the only keys a
+script names without ``KEYS``: a releaser cannot know the next waiter's
+token before it reads the list. They share the lock's slot, which Redis and
+Valkey clusters allow.
 
 Every script that frees the lock hands it instead to the first live waiter
 of the queue (``grant_next``): the key takes that waiter's token with the
@@ -49,7 +47,6 @@ __all__ = [
     "EXTEND",
     "EXTEND_MANY",
     "HANDOVER",
-    "KEEP",
     "LEAVE",
     "QUEUE_SLACK_MS",
     "RELEASE",
@@ -87,9 +84,8 @@ class Script:
         return f"<Script {self.sha[:12]}>"
 
 
-#: How long the queue outlives the entries of its latest refresh (or the lease of the
-#: lock it was last extended with), in ms. More than an entry's life: the queue stays
-#: while any of its waiters lives.
+#: How long the queue outlives the lease of the lock it was last extended with (ms).
+#: More than an entry's life: a waiter that watches the holder's lease acts well before.
 QUEUE_SLACK_MS = 2500
 
 # The next fence of a lock (KEYS[3] of every script that can take or grant the
@@ -135,33 +131,14 @@ local function parse_entry(wants)
     return string.match(wants, '^(%d+)(%a?) (%d+) ?(%w*)$')
 end
 
--- The entries of the queued waiters of one process on this name: a hash, token ->
--- entry, `<queue>:@<id>`, whose id is the first 8 characters of their tokens. It lives
--- while that process keeps it (KEEP): when the process dies, its waiters die with it.
-local function entries_of(token)
-    return KEYS[2] .. ':@' .. string.sub(token, 1, 8)
-end
-
--- Take the entry of the queued waiter `heir`, read as parse_entry reads it; nil if it
--- is gone (a dead waiter) or unreadable.
+-- Take the entry of the queued waiter `heir` (GETDEL), read as parse_entry reads it;
+-- nil if it is gone (a dead waiter) or unreadable.
 local function take_entry(heir)
-    local entries = entries_of(heir)
-    local wants = redis.call('HGET', entries, heir)
+    local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
     if not wants then
         return nil
     end
-    redis.call('HDEL', entries, heir)
     return parse_entry(wants)
-end
-
--- Whether the waiter `token` is alive: its entry is there.
-local function alive(token)
-    return redis.call('HEXISTS', entries_of(token), token) == 1
-end
-
--- Drop the entry of `token` (it took the lock, or gave up).
-local function drop_entry(token)
-    redis.call('HDEL', entries_of(token), token)
 end
 
 -- Tell `heir` of its grant: on its process's grant channel, or, if nobody listens
@@ -190,6 +167,9 @@ local function grant_next(channel, sharded)
         local ms, fenced, written, tag = take_entry(heir)
         if ms then
             redis.call('SET', KEYS[1], heir, 'PX', ms)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
             local fence = 0
             if fenced == 'f' then
                 fence = next_fence(KEYS[3])
@@ -203,17 +183,15 @@ end
 )
 
 # Put the caller in the queue (an attempt that failed), once: ACQUIRE's ARGV[1], [3],
-# [4] and [5] (see ACQUIRE), `pttl` how long the holders' leases run
+# [4] and [5] (see ACQUIRE), `mine` its entry, `pttl` how long the holders' leases run
 # (a queue it makes lives that long plus its slack; nil: the key's PTTL).
 _QUEUE_UP = (
     """
-local function queue_up(pttl)
+local function queue_up(mine, pttl)
     if ARGV[3] == '' then
         return
     end
-    local entries = entries_of(ARGV[1])
-    local had = redis.call('HSET', entries, ARGV[1], ARGV[3]) == 0
-    redis.call('PEXPIRE', entries, ARGV[4])
+    local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
     local length = 0
     -- (A call's first entry: not queued yet. Later: queued unless the list lost it.)
     local queued = had
@@ -263,15 +241,15 @@ end
 # alive was queued before it. Run twice, it answers the same. Otherwise {0, pttl}:
 # the holder's remaining lease in ms (-1: no expiry); a free lock with a live
 # waiter queued first is granted to that waiter (pttl is then its lease). Unless
-# ARGV[3] is '', the caller is then in the queue, once; its entry, and those of the
-# other waiters of its process on the name, live ARGV[4] ms more (until KEEP). A
-# queue it makes (or may have lost) is kept for the holder's lease plus the slack;
-# a queue that was there already is kept by its waiters (KEEP) and by the holder's
-# renewals.
+# ARGV[3] is '', the caller is then in the queue, once; its entry lives ARGV[4] ms.
+# A queue it makes (or may have lost) is kept for the holder's lease plus the
+# slack; a queue that was there already is kept by whatever gave the holder its
+# lease (a grant, a hand-over, a renewal each extend it).
 ACQUIRE = Script(
     _GRANT
     + _QUEUE_UP
     + """
+local mine = KEYS[2] .. ':' .. ARGV[1]
 local function taken()
     if ARGV[6] == '1' then
         return {1, next_fence(KEYS[3])}
@@ -281,13 +259,13 @@ end
 -- (GET fails with WRONGTYPE where the name is another kind's: the caller is told at once.)
 if ARGV[5] ~= '0' and redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    drop_entry(ARGV[1])
+    redis.call('DEL', mine)
     return taken()
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then
     local head = redis.call('LINDEX', KEYS[2], 0)
-    while head and head ~= ARGV[1] and not alive(head) do
+    while head and head ~= ARGV[1] and redis.call('EXISTS', KEYS[2] .. ':' .. head) == 0 do
         redis.call('LPOP', KEYS[2])
         head = redis.call('LINDEX', KEYS[2], 0)
     end
@@ -295,45 +273,18 @@ if pttl == -2 then
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
         if head then
             redis.call('LPOP', KEYS[2])
-            drop_entry(ARGV[1])
-        elseif ARGV[5] == '1' then
-            drop_entry(ARGV[1])  -- (queued once, its token dropped since: its entry goes too)
+            redis.call('DEL', mine)
+            redis.call('PEXPIRE', KEYS[2], ARGV[2] + """
+    + str(QUEUE_SLACK_MS)
+    + """)
         end
         return taken()
     end
     -- (Nobody granted: only unreadable entries were queued. Then attempt again.)
     pttl = grant_next(ARGV[7], ARGV[8]) or -2
 end
-queue_up(pttl)
+queue_up(mine, pttl)
 return {0, pttl}
-"""
-)
-
-# KEEP (the refresh of one process's queued waiters on one name, all at once)
-#   KEYS[1]  the queue
-#   ARGV[1]  the life of the process's entries in milliseconds
-#   ARGV[2]  how many tokens follow whose waiters stopped waiting (their entries go:
-#            one left behind by a leave that got no answer would live on with the
-#            others)
-#   ARGV[3]  and on: those tokens, then the tokens of the waiters to keep (one
-#            process's: their first 8 characters name its hash of entries)
-# Keeps the process's entries ARGV[1] ms more, and the queue that much plus its slack
-# (the live waiters in a queue keep it), and returns each kept token's entry: nil for
-# one that is gone (granted, the message perhaps missed, or lost with the server's
-# data; its waiter attempts, which tells which). Three commands for any number of
-# waiters (four with tokens to drop).
-KEEP = Script(
-    """
-local entries = KEYS[1] .. ':@' .. string.sub(ARGV[#ARGV], 1, 8)
-local dropped = tonumber(ARGV[2])
-if dropped > 0 then
-    redis.call('HDEL', entries, unpack(ARGV, 3, 2 + dropped))
-end
-redis.call('PEXPIRE', entries, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) + """
-    + str(QUEUE_SLACK_MS)
-    + """)
-return redis.call('HMGET', entries, unpack(ARGV, 3 + dropped))
 """
 )
 
@@ -351,7 +302,7 @@ LEAVE = Script(
     _GRANT
     + """
 redis.call('LREM', KEYS[2], 0, ARGV[1])
-drop_entry(ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     if not grant_next(ARGV[2], ARGV[3]) then
         redis.call('DEL', KEYS[1])
@@ -497,7 +448,8 @@ end
 # as in ACQUIRE). Run again after it swapped the tokens (its reply was lost), it
 # finds the next holder's token and answers {1, fence} again. The queue is not touched
 # without ARGV[6]: a local run looks at it after LOCAL_RUN (0.1 s) at the latest,
-# and the waiters in it keep it at least QUEUE_SLACK_MS ahead (KEEP).
+# and whatever began the run (a grant, a queued attempt) left it at least
+# QUEUE_SLACK_MS to live.
 HANDOVER = Script(
     _GRANT
     + """
@@ -563,6 +515,9 @@ end
 local function give(heir, now, ms)
     redis.call('ZADD', KEYS[1], now + tonumber(ms), heir)
     keep()
+    redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
 end
 
 -- The grant rule: while a permit is free, grant it to the first live waiter.
@@ -600,11 +555,12 @@ SEMAPHORE_ACQUIRE = Script(
     + """
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local mine = KEYS[2] .. ':' .. ARGV[1]
 local limit = tonumber(ARGV[9])
 if ARGV[5] ~= '0' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
     keep()
-    drop_entry(ARGV[1])
+    redis.call('DEL', mine)
     return {1, 0}
 end
 while redis.call('ZCARD', KEYS[1]) < limit do
@@ -614,9 +570,10 @@ while redis.call('ZCARD', KEYS[1]) < limit do
         keep()
         if head then
             redis.call('LPOP', KEYS[2])
-            drop_entry(ARGV[1])
-        elseif ARGV[5] == '1' then
-            drop_entry(ARGV[1])  -- (queued once, its token dropped since: its entry goes too)
+            redis.call('DEL', mine)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
         end
         return {1, 0}
     end
@@ -629,7 +586,7 @@ while redis.call('ZCARD', KEYS[1]) < limit do
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 -- (A queue it makes lives as long as the longest lease, the set's own.)
-queue_up(nil)
+queue_up(mine, nil)
 return {0, tonumber(first[2]) - now}
 """
 )
@@ -677,7 +634,7 @@ SEMAPHORE_LEAVE = Script(
     _HOLDERS
     + """
 redis.call('LREM', KEYS[2], 0, ARGV[1])
-drop_entry(ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
     local now = now_ms()
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -909,7 +866,8 @@ local function grant_ready(state, now, channel, sharded, me)
         if granted > 0 and not admits(state, 'r') then
             return granted, true  -- a writer was granted: the rest wait
         end
-        local wants = redis.call('HGET', entries_of(head), head)
+        local entry = KEYS[2] .. ':' .. head
+        local wants = redis.call('GET', entry)
         local ms, kind, written, tag
         if wants then
             ms, kind, written, tag = parse_entry(wants)
@@ -918,8 +876,11 @@ local function grant_ready(state, now, channel, sharded, me)
             redis.call('LPOP', KEYS[2])  -- a dead (or unreadable) waiter's
         elseif admits(state, kind) then
             redis.call('LPOP', KEYS[2])
-            drop_entry(head)
+            redis.call('DEL', entry)
             hold(state, head, kind, now, ms)
+            redis.call('PEXPIRE', KEYS[2], tonumber(ms) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
             tell(channel, sharded, head, ms, 0, written, tag)
             granted = granted + 1
         else
@@ -943,12 +904,13 @@ RW_ACQUIRE = Script(
     + _QUEUE_UP
     + """
 local now = now_ms()
+local mine = KEYS[2] .. ':' .. ARGV[1]
 local kind = ARGV[9]
 if ARGV[5] ~= '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     unhold(ARGV[1])
     local state = scan(now)
     hold(state, ARGV[1], kind, now, ARGV[2])
-    drop_entry(ARGV[1])
+    redis.call('DEL', mine)
     return {1, 0}
 end
 local state = scan(now)
@@ -959,15 +921,16 @@ if (not head or next_in_line) and admits(state, kind) then
     hold(state, ARGV[1], kind, now, ARGV[2])
     if next_in_line then
         redis.call('LPOP', KEYS[2])
-        drop_entry(ARGV[1])
+        redis.call('DEL', mine)
+        redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + """
+    + str(QUEUE_SLACK_MS)
+    + """)
         -- The readers queued right behind a reader come in with it.
         grant_ready(state, now, ARGV[7], ARGV[8], false)
-    elseif ARGV[5] == '1' then
-        drop_entry(ARGV[1])  -- (queued once, its token dropped since: its entry goes too)
     end
     return {1, 0}
 end
-queue_up(nil)
+queue_up(mine, nil)
 local left = -1
 if state[3] > 0 then
     left = state[3] - now
@@ -1017,7 +980,7 @@ RW_LEAVE = Script(
     _RW
     + """
 redis.call('LREM', KEYS[2], 0, ARGV[1])
-drop_entry(ARGV[1])
+redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])
 local held = redis.call('HEXISTS', KEYS[1], ARGV[1])
 if held == 1 then
     unhold(ARGV[1])

@@ -242,7 +242,7 @@ async def test_the_longest_backoff_delay_is_accepted_and_the_waiter_still_gets_i
     try:
         queue = Keys(name).queue
         await eventually(lambda: admin.exists(queue), "the waiter queued")
-        (entry,) = await admin.keys(f"{queue}:@*")
+        (entry,) = await admin.keys(f"{queue}:*")
         assert 0 < await admin.pttl(entry) <= ENTRY_CAP * 1000
         await holder.release()
         assert await asyncio.wait_for(waiting, 5.0)

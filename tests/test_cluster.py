@@ -270,7 +270,7 @@ def key_of(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 def names_of(keys: Keys) -> tuple[str, ...]:
     """The lock key and every companion key or channel of one lock."""
-    return (keys.lock, keys.queue, keys.entries("0123abcdtoken"), keys.fence, keys.channel)
+    return (keys.lock, keys.queue, keys.entry("token"), keys.fence, keys.channel)
 
 
 def spread_names(cluster: LocalCluster, tag: str, per_master: int) -> list[str]:
@@ -472,7 +472,7 @@ def classify(ran: list[Ran], tag: str, owners: dict[int, int]) -> Paths:
             elif len(args) > 1 and tag in args[1]:
                 # Every key a script touches, the queue's entries (named in the script,
                 # not in KEYS) included, is in the slot of the master that runs it.
-                if verb == "HGET":  # (the heir's entry, read by the grant)
+                if verb == "GETDEL":
                     counts["grant"] += 1
                 if owners.get(LocalCluster.slot_for_key(args[1])) != record.port:
                     cross.append(record)

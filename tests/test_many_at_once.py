@@ -23,18 +23,9 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from support import (
-    all_keys,
-    calls,
-    connected,
-    connections_made,
-    eventually,
-    keys_of,
-    other_tasks,
-)
+from support import all_keys, connected, connections_made, other_tasks
 
 from aiolock import AsyncLock, ReadWriteLock, Semaphore
-from aiolock._scripts import KEEP
 from aiolock._wire import _Gate, _packed
 from aiolock.testing import RedisServer
 
@@ -89,63 +80,6 @@ async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
     assert stats.held
     assert stats.owner is None
     await asyncio.gather(*(lock.release() for lock in locks))
-    assert await admin.keys(all_keys(name)) == []
-
-
-@pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])
-async def test_the_waiters_of_one_client_refresh_together(
-    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, kind: str
-) -> None:
-    """200 queued tasks of one client: one keep script per refresh period for them all.
-
-    Each used to refresh its own entry: 200 commands a period, and a
-    connection each. Their entries are one hash of their process's, kept
-    (with the queue) by the first waiter that is due; the rest take its
-    answer.
-    """
-    ttl = 1.0  # entries live 1 s, refreshed every 0.7 s
-
-    def side(c: redis.Redis, writer: bool = False) -> Any:
-        if kind == "semaphore":  # (fair: one permit's tasks would wait locally)
-            return Semaphore(c, name, 1, ttl=ttl, fair=True)
-        if kind == "fair":
-            return AsyncLock(c, name, ttl=ttl, fair=True)
-        rw = ReadWriteLock(c, name, ttl=ttl)
-        return rw.writer if writer else rw.reader
-
-    holder = (
-        Semaphore(other_client, name, 1, ttl=30.0, auto_renew=False)
-        if kind == "semaphore"
-        else AsyncLock(other_client, name, ttl=30.0, auto_renew=False)
-        if kind == "fair"
-        else ReadWriteLock(other_client, name, ttl=30.0, auto_renew=False).writer
-    )
-    assert await holder.acquire()
-    waiting = [asyncio.ensure_future(side(client).acquire(timeout=20)) for _ in range(200)]
-    try:
-
-        async def all_queued() -> bool:
-            return bool(await admin.llen(keys_of(holder).queue) == len(waiting))
-
-        await eventually(all_queued, "every task queued", timeout=10)
-        await admin.script_load(KEEP.text)  # (no NOSCRIPT in the count)
-        await asyncio.sleep(1.0)  # past every first refresh: from now on they go together
-        await admin.config_resetstat()
-        await asyncio.sleep(2.1)  # three refresh periods
-        keeps = await calls(admin, "hmget")
-        assert 2 <= keeps <= 6, keeps
-        assert await calls(admin, "evalsha") == keeps, "a waiter attempted, or refreshed alone"
-        stats = await admin.info("commandstats")
-        total = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-        assert total <= 4 * keeps + 2, stats  # (200 waiters alone sent 600 in three periods)
-        assert not any(task.done() for task in waiting)
-        (entries,) = await admin.keys(f"{keys_of(holder).queue}:@*")
-        assert await admin.hlen(entries) == len(waiting)
-    finally:
-        for task in waiting:
-            task.cancel()
-        await asyncio.gather(*waiting, return_exceptions=True)
-        await holder.release()
     assert await admin.keys(all_keys(name)) == []
 
 

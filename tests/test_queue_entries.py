@@ -1,17 +1,15 @@
 """Entries in the queue on the server: a waiter elsewhere is seen, and leaves nothing behind.
 
 A waiter that must wait for a lock held elsewhere stands in the lock's queue
-on the server: its token in the list ``<key>:queue`` and its *entry*, a field
-of its process's hash ``<key>:queue:@<id>`` (``id``: its token's first 8
-characters), which lives ``min(ttl, ENTRY_CAP)`` and is kept, for every
-waiter of the process on that name at once, while they live. A process whose
-tasks take the lock in turn hands it from task to task; after ``LOCAL_RUN``
-it hands it to the queue's first live waiter instead, whether that waiter is
-notified or polls.
+on the server (DESIGN.md §3.4): its token in the list ``<key>:queue`` and its
+*entry* ``<key>:queue:<token>``, which lives ``min(ttl, ENTRY_CAP)`` and is
+refreshed while the waiter lives. A process whose tasks take the lock in turn
+hands it from task to task; after ``LOCAL_RUN`` it hands it to the queue's
+first live waiter instead, whether that waiter is notified or polls.
 
 These tests were the waiting marker's (the key the queue replaced): a poller
 elsewhere was invisible to a local run and starved (found by the fault
-suite), and a dead waiter's marker outlived it.
+suite), and a dead waiter's marker outlived it (issue 17).
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from support import all_keys, calls, eventually, keys_of
 from aiolock import AsyncLock, backoff
 from aiolock._lease import ENTRY_CAP
 from aiolock._queue import LOCAL_RUN
-from aiolock._scripts import KEEP
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -44,16 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def entries_of(admin: redis.Redis, lock: AsyncLock) -> list[str]:
-    """The tokens with an entry in ``lock``'s queue on the server (any process's)."""
-    tokens: list[str] = []
-    for hashed in await admin.keys(f"{keys_of(lock).queue}:@*"):
-        tokens += [str(t) for t in await admin.hkeys(hashed)]
-    return sorted(tokens)
-
-
-def entries_key(lock: AsyncLock, token: str) -> str:
-    """The hash that holds ``token``'s entry: its process's waiters on ``lock``'s name."""
-    return keys_of(lock).entries(token)
+    """The queue entries of ``lock``'s key on the server (their key names)."""
+    return sorted(str(k) for k in await admin.keys(f"{keys_of(lock).queue}:*"))
 
 
 async def queued(admin: redis.Redis, lock: AsyncLock) -> list[str]:
@@ -162,10 +151,10 @@ async def test_a_waiter_stands_in_the_queue_and_leaves_it_with_the_lock(
     waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
     try:
         await eventually(lambda: entries_of(admin, waiter), "the entry is up")
-        (token,) = await entries_of(admin, waiter)
-        pttl = await admin.pttl(entries_key(waiter, token))
+        (entry,) = await entries_of(admin, waiter)
+        pttl = await admin.pttl(entry)
         assert 0 < pttl <= ENTRY_CAP * 1000, pttl
-        assert await queued(admin, waiter) == [token]
+        assert await queued(admin, waiter) == [entry.rsplit(":", 1)[1]]
         await holder.release()
         assert await asyncio.wait_for(waiting, step + SLACK)
         assert await admin.keys(all_keys(name)) == [waiter.key], "the entry outlived the wait"
@@ -214,8 +203,7 @@ async def test_a_dead_waiters_entry_is_gone_within_two_seconds_whatever_its_step
     )
     try:
         await eventually(lambda: entries_of(admin, holder), "the waiter's entry is up", timeout=10)
-        (token,) = await entries_of(admin, holder)
-        entry = entries_key(holder, token)
+        (entry,) = await entries_of(admin, holder)
         assert await admin.pttl(entry) <= ENTRY_CAP * 1000, "the entry outlives ENTRY_CAP"
         waiter.kill()
         await waiter.wait()
@@ -250,22 +238,16 @@ async def test_a_live_waiter_keeps_its_entry_without_waking(
     waiting = asyncio.create_task(waiter.acquire(timeout=10.0))
     try:
         await eventually(lambda: entries_of(admin, waiter), "the entry is up")
-        (token,) = await entries_of(admin, waiter)
-        entry = entries_key(waiter, token)
+        (entry,) = await entries_of(admin, waiter)
         # Its subscription's confirmation may wake it for one more attempt at once.
         await asyncio.sleep(0.3)
-        await admin.script_load(KEEP.text)  # (no NOSCRIPT: one EVALSHA per refresh)
         await admin.config_resetstat()
         for _ in range(6):  # 3 s: past an entry that was not refreshed
             await asyncio.sleep(0.5)
             pttl = await admin.pttl(entry)
             assert 0 < pttl <= ENTRY_CAP * 1000, pttl
-        # Each script it ran was a refresh (KEEP: two PEXPIREs, the entries' and the
-        # queue's, and an HMGET), no attempt.
-        keeps = await calls(admin, "hmget")
-        assert 1 <= keeps <= 3, "the entry was not refreshed as due"
-        assert await calls(admin, "evalsha") == keeps, "the waiter attempted again while queued"
-        assert await calls(admin, "pexpire") == 2 * keeps
+        assert await calls(admin, "evalsha") == 0, "the waiter attempted again while queued"
+        assert 1 <= await calls(admin, "pexpire") <= 3, "the entry was not refreshed as due"
         released = time.monotonic()
         await holder.release()
         assert await asyncio.wait_for(waiting, 5.0)
@@ -311,15 +293,15 @@ async def test_short_pauses_send_nothing_but_attempts(
         for c, then in zip(sent, [*sent[1:], ("",)], strict=True)
         if str(c[0]).upper() == "EVALSHA" and str(then[0]).upper() != "SCRIPT LOAD"
     ]
-    keep = (KEEP.sha, KEEP.sha.encode())
-    attempts = [c for c in scripted if c[1] not in keep]
     if notify:
         # The bare SET, the script that queued it, maybe one more at the subscription's
         # confirmation, the last attempt at the deadline, and the script that leaves.
-        assert 2 <= len(attempts) <= 4, f"{len(attempts)} scripts: the waiter polled"
+        assert 2 <= len(scripted) <= 4, f"{len(scripted)} scripts: the waiter polled"
     else:
-        assert len(attempts) >= 5, "the waiter did not pause and try again"
-    refreshes = [c for c in scripted if c[1] in keep]
+        assert len(scripted) >= 5, "the waiter did not pause and try again"
+    refreshes = [
+        c for c in sent if str(c[0]).upper() == "PEXPIRE" or (c[0] == "SET" and "NX" not in c)
+    ]
     assert refreshes == [], f"{len(refreshes)} refreshes in 0.6 s, none was due"
 
 
@@ -333,8 +315,8 @@ async def test_a_waiter_that_gives_up_at_its_deadline_leaves_the_queue(
     waiting = asyncio.create_task(waiter.acquire(timeout=0.2))
     try:
         await eventually(lambda: entries_of(admin, waiter), "the entry is up")
-        (token,) = await entries_of(admin, waiter)
-        assert 0 < await admin.pttl(entries_key(waiter, token)) <= ENTRY_CAP * 1000
+        (entry,) = await entries_of(admin, waiter)
+        assert 0 < await admin.pttl(entry) <= ENTRY_CAP * 1000
         assert not await waiting
         assert await entries_of(admin, waiter) == []
         assert await queued(admin, waiter) == []

@@ -374,8 +374,7 @@ async def test_a_dead_writer_queued_first_keeps_readers_out_one_lease_at_most(
     queue = f"aiolock:{{{name}}}:queue:rw"
     dead = "0" * 32
     await admin.rpush(queue, dead)
-    await admin.hset(f"{queue}:@{dead[:8]}", dead, "2000w 1")
-    await admin.pexpire(f"{queue}:@{dead[:8]}", 300)
+    await admin.set(f"{queue}:{dead}", "2000w 1", px=300)
     readers = [ReadWriteLock(other_client, name, ttl=ttl).reader for _ in range(2)]
     started = time.monotonic()
     waits = [asyncio.create_task(r.acquire(timeout=8.0)) for r in readers]
