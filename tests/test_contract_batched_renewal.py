@@ -219,8 +219,15 @@ async def test_a_member_released_while_its_batch_is_in_flight(
     await asyncio.sleep(2 * TTL)
     leaving = locks[0]
     holding: Any = leaving._current
+
+    async def between_renewals() -> bool:
+        return holding.flight is None
+
     # The server runs every command but its replies wait in the proxy: a batch
-    # sent now stays in flight, however loaded the machine, until they go.
+    # sent from now on stays in flight, however loaded the machine, until they
+    # go. (Held between two renewals: a batch sent before might have its reply
+    # on the way already.)
+    await eventually(between_renewals, "a moment between renewals", timeout=1.0, every=0.001)
     for p in proxies:
         p.hold_replies(new_connections=True)
 
