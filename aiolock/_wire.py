@@ -248,37 +248,37 @@ def _exhausted(exc: BaseException) -> bool:
 class _Gate:
     """At most ``slots`` of aiolock's commands of one client in flight; the rest wait here.
 
-    First come, first served. It belongs to the event loop that uses it: a
-    new loop starts with every slot free.
+    First come, first served, the urgent ones before the others. It belongs
+    to the event loop that uses it: a new loop starts with every slot free.
     """
 
-    __slots__ = ("_free", "_loop", "_slots", "_waiters")
+    __slots__ = ("_free", "_loop", "_slots", "_urgent", "_waiters")
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
         self._free = slots
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._urgent: deque[asyncio.Future[None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     async def enter(self, urgent: bool = False) -> None:
         """Take a slot, waiting in line for one; ``urgent`` goes to the head of the line.
 
         Renewals are urgent: each has a lease end to meet, and must not wait
-        behind a crowd of attempts.
+        behind a crowd of attempts (nor behind renewals that came after it).
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
             self._free = self._slots
+            self._urgent = deque()
             self._waiters = deque()
-        if self._free > 0 and not self._waiters:
+        if self._free > 0 and not self._waiters and not self._urgent:
             self._free -= 1
             return
         future: asyncio.Future[None] = loop.create_future()
-        if urgent:
-            self._waiters.appendleft(future)
-        else:
-            self._waiters.append(future)
+        line = self._urgent if urgent else self._waiters
+        line.append(future)
         try:
             await future
         except BaseException:
@@ -288,22 +288,23 @@ class _Gate:
                 future.cancel()
                 # (A slot given back meanwhile may have passed over it already.)
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(future)
+                    line.remove(future)
             raise
 
     def leave(self) -> None:
-        """Give the slot back: to the first in line, if any."""
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return
+        """Give the slot back: to the first in line, if any (the urgent line first)."""
+        for line in (self._urgent, self._waiters):
+            while line:
+                future = line.popleft()
+                if not future.done():
+                    future.set_result(None)
+                    return
         self._free += 1
 
     @property
     def waiting(self) -> int:
         """How many commands wait for a slot."""
-        return len(self._waiters)
+        return len(self._urgent) + len(self._waiters)
 
 
 def _slots(client: Client) -> int:

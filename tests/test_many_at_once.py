@@ -173,8 +173,8 @@ async def test_an_exhausted_pool_is_back_pressure_within_the_deadline(
     assert await admin.keys(all_keys(name)) == []
 
 
-async def test_a_renewal_goes_first_in_line_for_a_slot() -> None:
-    """The client's slots are full: an urgent entry (a renewal) is served before the rest."""
+async def served(arrivals: list[tuple[str, bool]]) -> list[str]:
+    """The order in which a full one-slot gate serves ``(label, urgent)`` entries, one per step."""
     gate = _Gate(1)
     order: list[str] = []
     await gate.enter()
@@ -184,14 +184,26 @@ async def test_a_renewal_goes_first_in_line_for_a_slot() -> None:
         order.append(label)
         gate.leave()
 
-    tasks = [asyncio.ensure_future(wait(f"attempt {i}", False)) for i in range(3)]
-    await asyncio.sleep(0)
-    tasks.append(asyncio.ensure_future(wait("renewal", True)))
-    await asyncio.sleep(0)
-    assert gate.waiting == 4
+    tasks = []
+    for label, urgent in arrivals:
+        tasks.append(asyncio.ensure_future(wait(label, urgent)))
+        await asyncio.sleep(0)
+    assert gate.waiting == len(arrivals)
     gate.leave()
     await asyncio.gather(*tasks)
+    return order
+
+
+async def test_a_renewal_goes_first_in_line_for_a_slot() -> None:
+    """The client's slots are full: an urgent entry (a renewal) is served before the rest."""
+    order = await served([(f"attempt {i}", False) for i in range(3)] + [("renewal", True)])
     assert order == ["renewal", "attempt 0", "attempt 1", "attempt 2"]
+
+
+async def test_renewals_in_line_for_a_slot_go_in_the_order_they_came() -> None:
+    """Urgent entries are first come, first served among themselves: the oldest ends first."""
+    order = await served([("attempt", False)] + [(f"renewal {i}", True) for i in range(3)])
+    assert order == ["renewal 0", "renewal 1", "renewal 2", "attempt"]
 
 
 async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away() -> None:
