@@ -13,7 +13,7 @@ SOURCES := $(wildcard aiolock tests benchmarks examples docs/*.py docs/*/*.py .c
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: demo test bench soak scale lint types pytest docs dist matrix clean
+.PHONY: demo test bench soak scale lint types pytest loops docs dist matrix clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ types: $(VENV)/.dev-installed
 pytest: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not heavy" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
+
+# The tests marked one_loop (a failover, a slot migration: the servers' behaviour) on
+# uvloop too; `make test` runs them on asyncio's loop only.
+loops: $(VENV)/.dev-installed
+	AIOLOCK_TEST_BOTH_LOOPS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m one_loop $(PYTEST_ARGS)
 
 # The documentation site, docs/_build/html/index.html (Sphinx, furo, myst-parser; docs/conf.py).
 # Every warning is an error (-W), every cross-reference must resolve (-n), and --keep-going

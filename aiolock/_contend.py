@@ -224,7 +224,8 @@ async def _contend(
             now = time.monotonic()
             if reply is not None and reply[0]:
                 if now < sent + lease.span:
-                    won = Won(call.token, sent, reply[1], queue, handed=False, timer=timer)
+                    got = Won(call.token, sent, reply[1], queue, handed=False, timer=timer)
+                    won = await _stop_waiting(lease, call, got)
                     return won
                 # The reply came after the lease it granted had run out: not a lock.
                 call.unanswered = now - sent
@@ -263,10 +264,11 @@ async def _contend(
                     subscription = await lease.subscribe(seen)
                 if subscription is not None and subscription.live:
                     # In the queue, told of our grant: wait for it, refreshing our entry.
-                    won = await _wait_in_queue(
+                    granted = await _wait_in_queue(
                         lease, queue, task, subscription, deadline, baseline, call, sent, pttl
                     )
-                    if won is not None:
+                    if granted is not None:
+                        won = await _stop_waiting(lease, call, granted)
                         return won
                     continue
             # Poll: the backoff step, capped by the holder's lease and the deadline.
@@ -292,9 +294,21 @@ async def _contend(
         if won is None:
             try:
                 if call.queued:
-                    await lease.leave(call)
+                    await lease.leave(call)  # (and stops waiting)
+                else:
+                    await lease.stop_waiting(call)
             finally:
                 queue.leave()
+
+
+async def _stop_waiting(lease: Lease, call: Call, won: Won) -> Won:
+    """The call won: it no longer waits in the queue (its keeper forgets it).
+
+    Cancelled meanwhile, it raises; the caller's ``finally`` then sees no
+    win and leaves, which frees the lock it was given.
+    """
+    await lease.stop_waiting(call)  # (only CancelledError comes out of it)
+    return won
 
 
 async def _pause(
@@ -322,10 +336,10 @@ async def _pause(
         if news or now >= end or not call.queued:
             return  # (a timer may fire a little early: that is the pause's end too)
         if now >= refreshed + lease.refresh_every:
-            sent = now
-            if await lease.refresh(call.token, end, task) is False:
+            standing, proof = await lease.refresh(call.token, end, task)
+            if standing is False:
                 return  # granted, or lost: the attempt tells
-            refreshed = sent
+            refreshed = proof if standing else now
 
 
 async def _wait_in_queue(
@@ -378,17 +392,20 @@ async def _wait_in_queue(
         if deadline is not None and now >= deadline:
             return None  # the last attempt at the deadline, then the answer
         if now >= refresh_at:
-            sent = now
-            until = sent + lease.refresh_every
+            until = now + lease.refresh_every
             if deadline is not None and deadline < until:
                 until = deadline
-            alive = await lease.refresh(call.token, until, task)
+            standing, shown = await lease.refresh(call.token, until, task)
             await honour_cancellation(task, baseline)
-            if alive is False:
+            if standing is False:
                 return None  # granted (the message was missed), or lost: the attempt tells
-            if alive:
-                proof = sent
-            refresh_at = sent + lease.refresh_every
+            if standing:
+                # (Found standing by the latest command for it: its own, or its keeper's
+                # for the client's waiters, which may have been sent a moment ago.)
+                proof = max(proof, shown)
+                refresh_at = shown + lease.refresh_every
+            else:
+                refresh_at = now + lease.refresh_every
             continue
         if watch is not None and now >= watch:
             # The holder's lease as we knew it is over: ask how long the lock is held.

@@ -12,6 +12,8 @@ name                 key                                 what it holds
                                                         a semaphore's: ``...:queue:semaphore``,
                                                         a read-write lock's: ``...:queue:rw``
 :meth:`Keys.entry`   ``<prefix>{<name>}:queue:<token>``  one waiter's entry: alive while it exists
+                                                        (a kept one: while its keeper's mark does)
+:meth:`Keys.mark`    ``<prefix>{<name>}:queue:@<id>``    a client's keeper of its waiters is alive
 :attr:`Keys.fence`   ``<prefix>{<name>}:fence``          the last fencing number (kept)
 :attr:`Keys.channel` ``<prefix>{<name>}:released``       the release and grant channel
 ===================  ==================================  =====================================
@@ -86,6 +88,14 @@ class Keys:
         The scripts build the same name from :attr:`queue` (it shares the slot).
         """
         return f"{self.queue}:{token}"
+
+    def mark(self, keeper: str) -> str:
+        """The mark of the keeper ``keeper`` of a client's waiters: ``<queue>:@<keeper>``.
+
+        Its kept entries are alive while it exists (see :mod:`aiolock._keeper`);
+        the scripts build the same name.
+        """
+        return f"{self.queue}:@{keeper}"
 
     def __repr__(self) -> str:
         return f"Keys({self.lock!r})"

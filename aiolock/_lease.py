@@ -46,9 +46,19 @@ from . import _notify
 from ._cancel import finish, run_shielded
 from ._checks import check_ttl, to_ms
 from ._exceptions import LockError
+from ._keeper import KEPT_LIFE, Keeper
 from ._keys import keys_for
 from ._queue import LocalQueue, existing_queue, queue_for, queues_of
-from ._scripts import ACQUIRE, EXTEND, EXTEND_MANY, HANDOVER, LEAVE, RELEASE, Script
+from ._scripts import (
+    ACQUIRE,
+    EXTEND,
+    EXTEND_MANY,
+    HANDOVER,
+    KEEPER_MARK_MS,
+    LEAVE,
+    RELEASE,
+    Script,
+)
 from ._timers import Cutoff, Timer
 from ._wire import ReplyLost, Wire
 
@@ -90,9 +100,11 @@ NOT_HELD: Final = -4
 #: The longest a waiter's queue entry lives without being refreshed (and not longer
 #: than the lease): a dead waiter's entry is gone at most this long after its death,
 #: and a grant to a waiter that died meanwhile holds the lock no longer than this.
-ENTRY_CAP: Final = 2.0
+ENTRY_CAP: Final = KEEPER_MARK_MS / 1000
 #: A queued waiter refreshes its entry after this share of the entry's life.
 REFRESH_SHARE: Final = 0.7
+#: A kept entry's own life (ms): see :mod:`aiolock._keeper`.
+_KEPT_MS: Final = to_ms(KEPT_LIFE)
 #: A release that handed the lock on makes the next attempt through the same lease
 #: skip the bare ``SET`` for this long (the lock is taken: go straight to the queue).
 _CONTENDED_HINT: Final = 0.05
@@ -312,12 +324,25 @@ class Lease(Protocol):
         """
         ...
 
-    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
-        """Keep the queue entry of ``token`` alive; False if it is gone, None if unknown.
+    async def refresh(
+        self, token: str, until: float, task: asyncio.Task[Any]
+    ) -> tuple[bool | None, float]:
+        """Keep the queued waiter ``token`` alive: whether it still stands in the queue.
 
-        ``task`` is cut off at ``until``. Gone means granted (the grant
-        deletes the entry) or lost (the server lost its data): the caller
-        attempts again, which tells which.
+        Returns ``(standing, proof)``: True, and when the command was sent
+        that found it standing (a grant's lease counts from there; with the
+        client's other waiters it may be one sent a moment ago for them
+        all); False if its entry is gone; None if not known (an error, or no
+        answer by ``until``, when ``task`` is cut off). Gone means granted
+        (the grant deletes the entry) or lost (the server lost its data):
+        the caller attempts again, which tells which.
+        """
+        ...
+
+    async def stop_waiting(self, call: Call) -> None:
+        """``call`` no longer waits in the queue (it holds, or ends): shielded, bounded.
+
+        Raises only ``CancelledError``, once what it does is done.
         """
         ...
 
@@ -360,7 +385,7 @@ _REMEMBERED: Final = 1024
 class _Site:
     """What the leases of one client share, looked up once per lock."""
 
-    __slots__ = ("__weakref__", "leases", "listeners", "queues", "wire")
+    __slots__ = ("__weakref__", "keepers", "leases", "listeners", "queues", "wire")
 
     def __init__(self, client: Client) -> None:
         self.wire = Wire(client)
@@ -369,11 +394,27 @@ class _Site:
         #: Leases by their options: a lease holds no state of its own, so the locks a
         #: handler makes per request with the same options share one.
         self.leases: dict[tuple[Any, ...], ServerLease] = {}
+        #: The client's queued waiters, per queue (see :mod:`aiolock._keeper`).
+        self.keepers: dict[str, Keeper] = {}
+
+    def keeper(self, queue: str) -> Keeper:
+        """The keeper of the client's waiters in ``queue`` (made if need be)."""
+        keeper = self.keepers.get(queue)
+        if keeper is None:
+            keeper = self.keepers[queue] = Keeper(self.wire, queue)
+        return keeper
+
+
+def _forget_keepers() -> None:
+    """A forked child keeps none of its parent's waiters (nor their keepers' ids)."""
+    for site in list(_sites.values()):
+        site.keepers.clear()
 
 
 _sites: weakref.WeakKeyDictionary[Any, _Site] = weakref.WeakKeyDictionary()
 #: The client and the site of the latest lookup, both weakly (most programs have one client).
 _latest: tuple[weakref.ReferenceType[Any], weakref.ReferenceType[_Site]] | None = None
+os.register_at_fork(after_in_child=_forget_keepers)
 
 
 def _site(client: Client) -> _Site:
@@ -763,6 +804,10 @@ class ServerLease:
         :data:`LOOK` at least, so that a lock it took is found to be ours.
         """
         entry = ""
+        life = self._entry_ms
+        keeper: Keeper | None = None
+        kept = False
+        shown = time.monotonic()
         if queue_up:
             # With notifications, the grant goes to our process's grant channel.
             tag = (
@@ -774,13 +819,23 @@ class ServerLease:
             # will not renew (auto_renew=False) asks for its whole lease.
             ms = self._entry_ms if renews else self._ms
             entry = f"{ms}{self._letter} {number}"
-            if tag:
+            keeper = self._site.keeper(self.keys.queue)
+            # Another waiter of this client queues on this name: the client's keeper keeps
+            # this one's entry alive (with its mark's life: the entry life of a lease of
+            # at least ENTRY_CAP).
+            if renews and self._entry_ms == KEEPER_MARK_MS and keeper.others(token) > 0:
+                kept = True
+                entry = f"{entry} {tag} {keeper.id}"
+                life = _KEPT_MS
+            elif tag:
                 entry = f"{entry} {tag}"
+            # Known from now on (the call's end forgets it, whatever happens).
+            keeper.reserve(token, kept, shown)
         args = (
             token,
             self._ms,
             entry,
-            self._entry_ms,
+            life,
             looks,
             "1" if self.fencing else "0",
             *self._release_args,
@@ -788,15 +843,19 @@ class ServerLease:
         if self._replicas:
             if trace is not None:
                 trace.reached = True  # (sent as a pipeline: assume it went out)
-            return await self._replicated(args)
-        keys = self._acquire_keys
-        try:
-            reply = await self.wire.run(self._ACQUIRE, keys, args, once=True, trace=trace)
-        except ReplyLost:
-            if looks == KNOWN:
-                args = (*args[:4], LOOK, *args[5:])
-            reply = await self.wire.run(self._ACQUIRE, keys, args, trace=trace)
-        return (int(reply[0]), int(reply[1]))
+            answer = await self._replicated(args)
+        else:
+            keys = self._acquire_keys
+            try:
+                reply = await self.wire.run(self._ACQUIRE, keys, args, once=True, trace=trace)
+            except ReplyLost:
+                if looks == KNOWN:
+                    args = (*args[:4], LOOK, *args[5:])
+                reply = await self.wire.run(self._ACQUIRE, keys, args, trace=trace)
+            answer = (int(reply[0]), int(reply[1]))
+        if keeper is not None and not answer[0] and answer[1] != NOT_HELD:
+            keeper.register(token, shown)  # it stands in the queue from `shown` on
+        return answer
 
     async def _replicated(self, args: tuple[Any, ...]) -> Reply:
         """An attempt that counts only once ``replicas`` replicas acknowledged it.
@@ -838,24 +897,63 @@ class ServerLease:
 
     async def leave(self, call: Call) -> None:
         """Take ``call``'s entry out of the queue (passing on a grant): shielded, bounded."""
-        await self.undo(call.token, call)
+        done = False
+        try:
+            done = await self._undo(call.token, call)
+        finally:
+            # (Cancelled or not: an anyio scope cancels every await of a cancelled call.)
+            keeper = self._site.keepers.get(self.keys.queue)
+            if not done and keeper is not None and keeper.keeps(call.token):
+                keeper.drop(call.token)  # its keeper's next call deletes the entry
+            await self.stop_waiting(call)
 
-    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
-        """``PEXPIRE`` the entry of ``token`` for one entry life; cut off at ``until``.
+    async def stop_waiting(self, call: Call) -> None:
+        """Forget ``call`` in the client's keeper; the last kept waiter deletes its mark."""
+        keepers = self._site.keepers
+        keeper = keepers.get(self.keys.queue)
+        if keeper is None:
+            return
+        if not keeper.forget(call.token):
+            if keeper.idle() and keepers.get(self.keys.queue) is keeper:
+                del keepers[self.keys.queue]
+            return
+        bound = call.cleanup(self._cleanup)
+        try:
+            await run_shielded(keeper.farewell, max(bound, 0.0))
+        except Exception as exc:
+            logger.debug(
+                "could not delete the waiters' mark of %r: %r (it expires by itself)",
+                self.name,
+                exc,
+            )
+        if keeper.idle() and keepers.get(self.keys.queue) is keeper:
+            del keepers[self.keys.queue]
 
-        An error or a cut-off is only logged (None): the entry lives on for
-        the rest of its life, and the next refresh may get through.
+    async def refresh(
+        self, token: str, until: float, task: asyncio.Task[Any]
+    ) -> tuple[bool | None, float]:
+        """``PEXPIRE`` the entry of ``token`` for one entry life, or have its keeper keep it.
+
+        Cut off at ``until``. An error or a cut-off is only logged (None):
+        the entry lives on for the rest of its life, and the next refresh
+        may get through.
         """
+        keeper = self._site.keepers.get(self.keys.queue)
+        sent = time.monotonic()
         try:
             with Cutoff(until, task) as cutoff:
-                alive = await self.wire.pexpire(self.keys.entry(token), self._entry_ms)
+                if keeper is not None and keeper.keeps(token):
+                    standing, proof = await keeper.refresh(token, self.refresh_every)
+                else:
+                    standing = await self.wire.pexpire(self.keys.entry(token), self._entry_ms)
+                    proof = sent
         except Exception as exc:
             logger.debug("could not refresh a queue entry of %r: %r", self.name, exc)
-            return None
+            return None, 0.0
         if cutoff.expired:
             logger.debug("no answer in time to refresh a queue entry of %r", self.name)
-            return None
-        return alive
+            return None, 0.0
+        return standing, proof
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
         """``PTTL`` of the lock key (None on an error, or no answer by ``until``)."""
@@ -873,10 +971,14 @@ class ServerLease:
         The lock goes on to the next queued waiter by the grant rule. Best
         effort: what it has no time for expires by itself.
         """
+        await self._undo(token, call)
+
+    async def _undo(self, token: str, call: Call | None) -> bool:
+        """:meth:`undo`; whether it was done (else it was logged)."""
         bound = self._cleanup if call is None else call.cleanup(self._cleanup)
         if bound <= 0:
             logger.debug("no time left to undo an attempt on %r (the lease expires it)", self.name)
-            return
+            return False
         try:
             await run_shielded(
                 lambda: self.wire.run(
@@ -888,6 +990,8 @@ class ServerLease:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc
             )
+            return False
+        return True
 
     # -- raw operations (a quorum of leases calls them on each node) -------------------
 

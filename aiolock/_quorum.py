@@ -237,9 +237,14 @@ class QuorumLease:
     async def leave(self, call: Call) -> None:
         """No queue on a quorum: its waiters race (a queue would need one order on a majority)."""
 
-    async def refresh(self, token: str, until: float, task: asyncio.Task[Any]) -> bool | None:
+    async def refresh(
+        self, token: str, until: float, task: asyncio.Task[Any]
+    ) -> tuple[bool | None, float]:
         """No queue entry on a quorum."""
-        return None
+        return None, 0.0
+
+    async def stop_waiting(self, call: Call) -> None:
+        """No queue entry on a quorum."""
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
         """Not known on a quorum without asking every node: None."""

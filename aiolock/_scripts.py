@@ -17,7 +17,11 @@ attempt that wrote it and the tag of its process's grant channel
 ``'<ms>r ...'``, ``'<ms>w ...'`` for a reader's and a writer's; a waiter
 without notifications leaves the tag out). An entry lives while its waiter
 refreshes it (``PEXPIRE``); a token in the list whose entry is gone is a
-dead waiter's, and is dropped when met. Entry keys are the only keys a
+dead waiter's, and is dropped when met. A *kept* entry ends with the id of
+its client's keeper (``'<ms> <n> <tag> <id>'``, see :mod:`aiolock._keeper`):
+it is alive while the keeper's mark ``KEYS[2] .. ':@' .. id`` exists, which
+``KEEP`` sets again for all the keeper's waiters at once; past it, it is a
+dead waiter's, deleted when met. Entry keys are the only keys a
 script names without ``KEYS``: a releaser cannot know the next waiter's
 token before it reads the list. They share the lock's slot, which Redis and
 Valkey clusters allow.
@@ -47,6 +51,8 @@ __all__ = [
     "EXTEND",
     "EXTEND_MANY",
     "HANDOVER",
+    "KEEP",
+    "KEEPER_MARK_MS",
     "LEAVE",
     "QUEUE_SLACK_MS",
     "RELEASE",
@@ -87,6 +93,9 @@ class Script:
 #: How long the queue outlives the lease of the lock it was last extended with (ms).
 #: More than an entry's life: a waiter that watches the holder's lease acts well before.
 QUEUE_SLACK_MS = 2500
+#: How long a keeper's mark lives unless its keeper sets it again (ms): as long as a
+#: waiter's own entry lives (``aiolock._lease.ENTRY_CAP``).
+KEEPER_MARK_MS = 2000
 
 # The next fence of a lock (KEYS[3] of every script that can take or grant the
 # lock): one more than the last, and never below the server's clock in microseconds. The floor keeps
@@ -126,19 +135,39 @@ end
 
 -- Read an entry's value: the first lease a grant gives its waiter (ms), its letter ('f':
 -- a lock waiter that wants a fence; 'r', 'w': a reader's, a writer's; '' else), the
--- number of the attempt that wrote it and the tag of its grant channel; nil if unreadable.
+-- number of the attempt that wrote it, the tag of its grant channel and the id of the
+-- keeper that keeps it alive ('': its waiter's own refreshes); nil if unreadable.
 local function parse_entry(wants)
-    return string.match(wants, '^(%d+)(%a?) (%d+) ?(%w*)$')
+    return string.match(wants, '^(%d+)(%a?) (%d+) ?(%w*) ?(%w*)$')
 end
 
--- Take the entry of the queued waiter `heir` (GETDEL), read as parse_entry reads it;
--- nil if it is gone (a dead waiter) or unreadable.
-local function take_entry(heir)
-    local wants = redis.call('GETDEL', KEYS[2] .. ':' .. heir)
+-- Read the entry at `key` (GETDEL when `take`, else GET) as parse_entry reads it, less
+-- its keeper; nil if it is gone, unreadable, or kept by a keeper whose mark has expired
+-- (its process stopped keeping it: a dead waiter, whose entry is then deleted).
+local function read_entry(key, take)
+    local wants
+    if take then
+        wants = redis.call('GETDEL', key)
+    else
+        wants = redis.call('GET', key)
+    end
     if not wants then
         return nil
     end
-    return parse_entry(wants)
+    local ms, letter, written, tag, keeper = parse_entry(wants)
+    if keeper and keeper ~= '' and redis.call('EXISTS', KEYS[2] .. ':@' .. keeper) == 0 then
+        if not take then
+            redis.call('DEL', key)
+        end
+        return nil
+    end
+    return ms, letter, written, tag
+end
+
+-- Take the entry of the queued waiter `heir` (GETDEL), read as read_entry reads it;
+-- nil if it is gone (a dead waiter) or unreadable.
+local function take_entry(heir)
+    return read_entry(KEYS[2] .. ':' .. heir, true)
 end
 
 -- Tell `heir` of its grant: on its process's grant channel, or, if nobody listens
@@ -192,6 +221,13 @@ local function queue_up(mine, pttl)
         return
     end
     local had = redis.call('SET', mine, ARGV[3], 'PX', ARGV[4], 'GET')
+    local _, _, _, _, keeper = parse_entry(ARGV[3])
+    if keeper and keeper ~= '' then
+        -- Kept by its client's keeper: alive while the keeper's mark is.
+        redis.call('SET', KEYS[2] .. ':@' .. keeper, '1', 'PX', """
+    + str(KEEPER_MARK_MS)
+    + """)
+    end
     local length = 0
     -- (A call's first entry: not queued yet. Later: queued unless the list lost it.)
     local queued = had
@@ -265,7 +301,7 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then
     local head = redis.call('LINDEX', KEYS[2], 0)
-    while head and head ~= ARGV[1] and redis.call('EXISTS', KEYS[2] .. ':' .. head) == 0 do
+    while head and head ~= ARGV[1] and not read_entry(KEYS[2] .. ':' .. head, false) do
         redis.call('LPOP', KEYS[2])
         head = redis.call('LINDEX', KEYS[2], 0)
     end
@@ -311,6 +347,52 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     return 1
 end
 return 0
+"""
+)
+
+# KEEP (a client's waiters on one name, kept alive together by its keeper)
+#   KEYS[1]  the queue
+#   ARGV[1]  the keeper's id
+#   ARGV[2]  how many tokens follow whose entries to delete (their calls ended)
+#   ARGV[3]  how many tokens follow those whose entries to extend by ARGV[4] ms
+#   ARGV[4]  a kept entry's own life (ms)
+#   then the tokens of the entries only to look at
+# Sets the keeper's mark (its entries are alive while it lives) for KEEPER_MARK_MS,
+# deletes the first entries, extends the next, and looks at the rest. Returns, for
+# each token extended or looked at, in order, 1 if its entry is there, else 0 (gone:
+# granted, or lost). One MGET looks at all: the cost does not grow with the waiters.
+KEEP = Script(
+    """
+local queue = KEYS[1]
+redis.call('SET', queue .. ':@' .. ARGV[1], '1', 'PX', """
+    + str(KEEPER_MARK_MS)
+    + """)
+local drop = tonumber(ARGV[2])
+local extend = tonumber(ARGV[3])
+local first = 5
+if drop > 0 then
+    local doomed = {}
+    for i = first, first + drop - 1 do
+        doomed[#doomed + 1] = queue .. ':' .. ARGV[i]
+    end
+    redis.call('DEL', unpack(doomed))
+end
+first = first + drop
+local found = {}
+for i = first, first + extend - 1 do
+    found[#found + 1] = redis.call('PEXPIRE', queue .. ':' .. ARGV[i], ARGV[4])
+end
+first = first + extend
+if first <= #ARGV then
+    local looked = {}
+    for i = first, #ARGV do
+        looked[#looked + 1] = queue .. ':' .. ARGV[i]
+    end
+    for _, value in ipairs(redis.call('MGET', unpack(looked))) do
+        found[#found + 1] = value and 1 or 0
+    end
+end
+return found
 """
 )
 
@@ -867,11 +949,7 @@ local function grant_ready(state, now, channel, sharded, me)
             return granted, true  -- a writer was granted: the rest wait
         end
         local entry = KEYS[2] .. ':' .. head
-        local wants = redis.call('GET', entry)
-        local ms, kind, written, tag
-        if wants then
-            ms, kind, written, tag = parse_entry(wants)
-        end
+        local ms, kind, written, tag = read_entry(entry, false)
         if not ms then
             redis.call('LPOP', KEYS[2])  -- a dead (or unreadable) waiter's
         elseif admits(state, kind) then

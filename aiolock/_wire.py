@@ -632,6 +632,10 @@ class Wire:
         """``PTTL key``: ms left, -1 without expiry, -2 when there is no key."""
         return int(await self._send(("PTTL", key)))
 
+    async def delete(self, *keys: str) -> int:
+        """``DEL keys``: how many were there (the keys of one slot, on a cluster)."""
+        return int(await self._send(("DEL", *keys), key=keys[0]))
+
     async def exists(self, key: str) -> bool:
         """``EXISTS key``: whether the key is there."""
         return bool(await self._send(("EXISTS", key)))

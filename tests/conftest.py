@@ -37,7 +37,14 @@ pytest_plugins = ["contract"]
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Run every async test on the default asyncio loop and on uvloop."""
+    """Run every async test on the default asyncio loop and on uvloop.
+
+    A test marked ``one_loop`` (what it shows is the servers', not the
+    loop's: a failover, a slot migration) runs on asyncio's only, unless
+    ``AIOLOCK_TEST_BOTH_LOOPS=1`` (``make loops``).
+    """
+    if item.get_closest_marker("one_loop") and not os.environ.get("AIOLOCK_TEST_BOTH_LOOPS"):
+        return {"asyncio": LOOPS["asyncio"]}
     return LOOPS
 
 

@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
-from support import calls, connected, eventually, started_servers, user_without_channels
+from support import (
+    calls,
+    connected,
+    eventually,
+    listeners_gone,
+    started_servers,
+    user_without_channels,
+)
 
 from aiolock import AsyncLock, LockStatistics, ReadWriteLock, Redlock, Semaphore, backoff
 from aiolock._queue import LOCAL_RUN
@@ -222,6 +229,23 @@ async def test_the_recipes_user_runs_every_primitive(
             else:
                 await lock.release()
             assert not lock.lost, kind
+        # Waiters of one client: all but the first are kept together by its keeper.
+        lock_name = f"{name}:kept"
+        holder = AsyncLock(one, lock_name, ttl=2.0, fair=True)
+        assert await holder.acquire()
+        looked = await calls(admin, "mget")
+
+        async def wait_then_hold() -> None:
+            async with AsyncLock(two, lock_name, ttl=2.0, fair=True):
+                await asyncio.sleep(0.01)
+
+        kept = [asyncio.create_task(wait_then_hold()) for _ in range(3)]
+        await asyncio.sleep(1.8)  # a KEEP for them
+        assert await calls(admin, "mget") > looked, "the keeper's script did not run"
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*kept), 5.0)
+        # (Its listener lingers a moment: gone before the user is, whose connections go.)
+        assert await listeners_gone()
         keys = [k for k in await admin.keys(f"*{name}*") if not str(k).endswith(":fence")]
         assert keys == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -65,6 +65,9 @@ from aiolock import _scripts as scripts
 from aiolock._keys import DEFAULT_PREFIX, Keys
 from aiolock.testing import LocalCluster, RedisServer
 
+#: The servers' behaviour, not the loop's: on asyncio's loop only (see conftest.py).
+pytestmark = pytest.mark.one_loop
+
 #: The backoff step of notified waiters: anything much faster came from a notification.
 LONG_STEP: Final = 5.0
 #: How soon a notified waiter must hold the lock (generous: 2 loaded cores).

@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Any
 
+import anyio
 import pytest
 import redis.asyncio as redis
 from hypothesis import given
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from support import all_keys, connected, connections_made, other_tasks
+from support import all_keys, calls, connected, connections_made, eventually, keys_of, other_tasks
 
 from aiolock import AsyncLock, ReadWriteLock, Semaphore
+from aiolock._scripts import KEEP
 from aiolock._wire import _Gate, _packed
 from aiolock.testing import RedisServer
 
@@ -81,6 +83,115 @@ async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
     assert stats.owner is None
     await asyncio.gather(*(lock.release() for lock in locks))
     assert await admin.keys(all_keys(name)) == []
+
+
+def _waiting_side(client: redis.Redis, name: str, kind: str, ttl: float) -> Any:
+    """A primitive of ``kind`` whose every task stands in the queue on the server."""
+    if kind == "semaphore":  # (fair: one permit's tasks would wait in the process)
+        return Semaphore(client, name, 1, ttl=ttl, fair=True)
+    if kind == "fair":
+        return AsyncLock(client, name, ttl=ttl, fair=True)
+    return ReadWriteLock(client, name, ttl=ttl).writer
+
+
+@pytest.mark.one_loop  # (the keeper's bookkeeping: the same on both loops)
+@pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])
+async def test_the_waiters_of_one_client_are_kept_together(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, kind: str
+) -> None:
+    """200 queued tasks of one client: one KEEP per refresh period for all; then all get in.
+
+    Each used to refresh its own entry: 200 commands every 1.4 s. Now the
+    first refreshes its own, and the others' entries name the client's
+    keeper, whose one script sets its mark and looks at all of them. The
+    lock then passes through every one of them, kept or not, one at a time.
+    """
+    holder = _waiting_side(other_client, name, kind, 30.0)
+    assert await holder.acquire()
+    inside = {"now": 0, "bad": 0, "done": 0}
+
+    async def wait_then_hold() -> None:
+        async with _waiting_side(client, name, kind, 30.0):
+            inside["now"] += 1
+            inside["bad"] += inside["now"] > 1
+            await asyncio.sleep(0.001)
+            inside["now"] -= 1
+            inside["done"] += 1
+
+    waiting = [asyncio.create_task(wait_then_hold()) for _ in range(200)]
+    try:
+        queue = keys_of(holder).queue
+
+        async def all_queued() -> bool:
+            return bool(await admin.llen(queue) == len(waiting))
+
+        await eventually(all_queued, "every task queued", timeout=10)
+        await admin.script_load(KEEP.text)  # (no NOSCRIPT in the count)
+        await asyncio.sleep(0.5)  # (a subscription's confirmation may wake one more attempt)
+        await admin.config_resetstat()
+        await asyncio.sleep(2.9)  # two refresh periods and more
+        keeps = await calls(admin, "mget")
+        assert 2 <= keeps <= 3, keeps
+        assert await calls(admin, "evalsha") == keeps, "a waiter attempted, or kept alone"
+        own = await calls(admin, "pexpire")  # the first waiter's own entry, refreshed
+        assert own <= 3, own
+        stats = await admin.info("commandstats")
+        total = sum(
+            int(v["calls"])
+            for k, v in stats.items()
+            if k not in ("cmdstat_info", "cmdstat_config|resetstat")
+        )
+        # (200 waiters alone sent 400 in two periods.)
+        assert total <= 3 * keeps + own, stats
+        (mark,) = await admin.keys(f"{queue}:@*")
+        assert 0 < await admin.pttl(mark) <= 2000
+        keeper = str(mark).rsplit("@", 1)[1]
+        entries = [str(k) for k in await admin.keys(f"{queue}:*") if "@" not in str(k)]
+        named = [str(await admin.get(k)).endswith(f" {keeper}") for k in entries]
+        # All but the first (which may have become kept when it attempted again).
+        assert len(entries) == 200
+        assert sum(named) in (199, 200), sum(named)
+        assert not any(task.done() for task in waiting)
+    finally:
+        await holder.release()
+        try:
+            await asyncio.wait_for(asyncio.gather(*waiting), 20)
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+    assert (inside["done"], inside["bad"]) == (200, 0)
+    assert await admin.keys(all_keys(name)) == [], "the keeper's mark outlived its waiters"
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])
+async def test_kept_waiters_cancelled_together_leave_nothing(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, kind: str
+) -> None:
+    """50 queued tasks of one client cancelled by one anyio scope: no entry, mark or task left.
+
+    An anyio scope cancels every await of the cancelled calls, their
+    cleanup's too: each still forgets itself in its keeper, and the last
+    deletes the mark.
+    """
+    holder = _waiting_side(other_client, name, kind, 30.0)
+    assert await holder.acquire()
+    queue = keys_of(holder).queue
+    with anyio.move_on_after(10) as scope:
+        async with anyio.create_task_group() as group:
+            for _ in range(50):
+                group.start_soon(_waiting_side(client, name, kind, 30.0).acquire)
+
+            async def all_queued() -> bool:
+                return bool(await admin.llen(queue) == 50)
+
+            await eventually(all_queued, "every task queued", timeout=8)
+            assert len(await admin.keys(f"{queue}:@*")) == 1
+            group.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    assert await other_tasks() == set()
+    await holder.release()
+    assert await admin.keys(all_keys(name)) == [], "an entry or the mark was left"
 
 
 @pytest.mark.parametrize("kind", ["semaphore", "fair", "rw"])

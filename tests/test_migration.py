@@ -54,6 +54,9 @@ import aiolock
 from aiolock import AcquireTimeout, AsyncLock, LockError, LockLostError, LockNotOwnedError, backoff
 from aiolock.testing import RedisServer
 
+#: The servers' behaviour, not the loop's: on asyncio's loop only (see conftest.py).
+pytestmark = pytest.mark.one_loop
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 

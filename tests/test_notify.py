@@ -781,7 +781,7 @@ async def test_a_channel_asked_for_again_while_its_unsubscribe_is_in_flight_stay
     admin: redis.Redis,
     name: str,
 ) -> None:
-    """50 re-contentions right after the channel was dropped: every hand-off within its bound.
+    """20 re-contentions right after the channel was dropped: every hand-off within its bound.
 
     The listener drops a channel nobody waited on for LINGER and sends
     UNSUBSCRIBE; a waiter that subscribes again before that reply is back
@@ -804,7 +804,7 @@ async def test_a_channel_asked_for_again_while_its_unsubscribe_is_in_flight_stay
         holder = AsyncLock(other_client, name)
         channel = channel_of(lock).encode()
         took: list[float] = []
-        for _ in range(50):
+        for _ in range(20):
             assert await holder.acquire()
             await eventually(
                 lambda: _dropped(waiting, channel), "the channel to be dropped", timeout=3.0

@@ -28,8 +28,10 @@ import redis.asyncio as redis
 from support import all_keys, calls, eventually, keys_of
 
 from aiolock import AsyncLock, backoff
+from aiolock._keys import keys_for
 from aiolock._lease import ENTRY_CAP
 from aiolock._queue import LOCAL_RUN
+from aiolock._scripts import KEEP, KEEPER_MARK_MS, RELEASE
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -421,3 +423,55 @@ async def test_a_leaving_waiter_takes_out_only_its_own_entry(
 
 async def _length(admin: redis.Redis, lock: AsyncLock, length: int) -> bool:
     return len(await queued(admin, lock)) == length
+
+
+# --- kept entries, script by script -------------------------------------------------------------
+
+
+async def test_keep_deletes_extends_and_looks_in_one_call(admin: redis.Redis, name: str) -> None:
+    """KEEP sets the keeper's mark, deletes ended calls' entries, extends and looks at the rest."""
+    keys = keys_for(name)
+    for token in ("ended", "old", "young"):
+        await admin.set(keys.entry(token), "2000 1 tag k1", px=30_000)
+    found = await admin.eval(
+        KEEP.text, 1, keys.queue, "k1", 1, 1, 45_000, "ended", "old", "young", "missing"
+    )
+    assert found == [1, 1, 0], "old: extended; young: there; missing: gone"
+    assert not await admin.exists(keys.entry("ended"))
+    assert 30_000 < await admin.pttl(keys.entry("old")) <= 45_000
+    assert 0 < await admin.pttl(keys.entry("young")) <= 30_000, "only looked at"
+    assert 0 < await admin.pttl(keys.mark("k1")) <= KEEPER_MARK_MS
+    await admin.delete(keys.entry("old"), keys.entry("young"), keys.mark("k1"))
+
+
+@pytest.mark.parametrize("marked", [True, False])
+async def test_a_release_passes_over_kept_entries_whose_mark_is_gone(
+    admin: redis.Redis, name: str, marked: bool
+) -> None:
+    """A kept entry is alive while its keeper's mark is: else the grant skips and deletes it.
+
+    The queue holds a kept waiter, then a waiter that refreshes its own
+    entry; the holder releases. With the mark, the kept one is granted;
+    without, the second is, and the first's entry is gone.
+    """
+    keys = keys_for(name)
+    await admin.set(keys.lock, "holder", px=10_000)
+    await admin.rpush(keys.queue, "kept", "own")
+    await admin.set(keys.entry("kept"), "2000 1 tag k1", px=30_000)
+    await admin.set(keys.entry("own"), "2000 1 tag", px=2000)
+    if marked:
+        await admin.set(keys.mark("k1"), "1", px=2000)
+    released = await admin.eval(
+        RELEASE.text, 3, keys.lock, keys.queue, keys.fence, "holder", keys.channel, "0"
+    )
+    assert released == 2, "handed to a waiter"
+    heir, skipped = ("kept", "own") if marked else ("own", "kept")
+    assert await admin.get(keys.lock) == heir
+    assert 0 < await admin.pttl(keys.lock) <= 2000, "a grant's first lease: one entry life"
+    assert not await admin.exists(keys.entry(heir))
+    if marked:
+        assert await admin.lrange(keys.queue, 0, -1) == [skipped]
+    else:
+        assert await admin.lrange(keys.queue, 0, -1) == []
+        assert not await admin.exists(keys.entry(skipped)), "a dead kept entry was left"
+    await admin.delete(keys.lock, keys.queue, keys.entry("own"), keys.mark("k1"))

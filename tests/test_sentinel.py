@@ -32,6 +32,9 @@ from redis.exceptions import RedisError
 from aiolock import AsyncLock
 from aiolock.testing import RedisServer, SentinelGroup
 
+#: The servers' behaviour, not the loop's: on asyncio's loop only (see conftest.py).
+pytestmark = pytest.mark.one_loop
+
 #: Lease of the locks: longer than a failover (about 3 s), so renewals can ride it out.
 TTL = 10.0
 

@@ -256,6 +256,68 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
             await holder.release()
 
 
+DEAD_CROWD = """
+import asyncio, sys
+import redis.asyncio as redis
+from aiolock import AsyncLock
+async def main(url, name, count):
+    client = redis.Redis.from_url(url)
+    await asyncio.gather(
+        *(AsyncLock(client, name, ttl=10.0, fair=True).acquire() for _ in range(int(count)))
+    )
+    await asyncio.sleep(3600)
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+"""
+
+
+async def test_the_kept_waiters_of_a_sigkilled_process_are_passed_over_an_entry_life_later(
+    server: RedisServer,
+    client: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
+) -> None:
+    """20 waiters of one killed process: once its keeper's mark expired, none is granted.
+
+    All but one of its entries name its keeper, whose mark it no longer
+    sets: ENTRY_CAP after the kill they are dead (the one it refreshed
+    itself too), and the release goes past all 20 to the next waiter at
+    once, deleting their entries on its way.
+    """
+    holder = AsyncLock(client, name, ttl=10.0)
+    assert await holder.acquire()
+    dead = await start_python(DEAD_CROWD, server.url, name, "20")
+    nxt = AsyncLock(other_client, name, ttl=10.0)
+    waiting: asyncio.Task[bool] | None = None
+    try:
+        await eventually(lambda: queue_length(admin, holder, 20), "the doomed waiters queued", 10)
+        queue = keys_of(holder).queue
+        assert len(await admin.keys(f"{queue}:@*")) == 1, "their keeper's mark"
+        waiting = asyncio.create_task(nxt.acquire(timeout=10))
+        await eventually(lambda: queue_length(admin, holder, 21), "the next waiter queued")
+        dead.kill()
+        await dead.wait()
+        await asyncio.sleep(ENTRY_CAP + 0.1)
+        assert await admin.keys(f"{queue}:@*") == [], "the mark outlived its process"
+        released = time.monotonic()
+        await holder.release()
+        with anyio.fail_after(5):
+            assert await waiting
+        delay = time.monotonic() - released
+        assert delay <= SLACK, f"the next waited {delay:.3f} s: a dead waiter was granted"
+        assert await admin.keys(all_keys(name)) == [nxt.key], "a dead waiter's entry was left"
+        await nxt.release()
+    finally:
+        if dead.returncode is None:
+            dead.kill()
+            await dead.wait()
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        if holder.statistics().held:
+            await holder.release()
+
+
 async def test_a_stopped_queued_waiter_delays_the_next_by_the_lease_it_last_saw_at_most(
     server: RedisServer,
     client: redis.Redis,

@@ -25,6 +25,9 @@ from support import pid_gone
 from aiolock import testing
 from aiolock.testing import LocalCluster, RedisServer, ReplicatedServer, SentinelGroup
 
+#: The servers' behaviour, not the loop's: on asyncio's loop only (see conftest.py).
+pytestmark = pytest.mark.one_loop
+
 TOPOLOGIES = [LocalCluster, ReplicatedServer, SentinelGroup]
 
 
