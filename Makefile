@@ -62,16 +62,19 @@ types: $(VENV)/.dev-installed
 	$(BIN)/mypy $(SOURCES)
 
 # Two workers, one test module each at a time (module-scoped servers stay in one
-# worker); then the CPU-heavy modules (marked heavy: other processes) alone, so that
-# they do not load the timing of the others.
+# worker); then the CPU-heavy tests (marked heavy: other processes) apart, two at a time,
+# so that they do not load the timing of the others.
 pytest: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not heavy" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal -m heavy $(PYTEST_ARGS)
 
-# The tests marked one_loop (a failover, a slot migration: the servers' behaviour) on
-# uvloop too; `make test` runs them on asyncio's loop only.
+# On uvloop too what `make test` runs on asyncio's loop only: the tests marked one_loop (a
+# failover, a slot migration: the servers' behaviour) and the contract of every primitive.
 loops: $(VENV)/.dev-installed
 	AIOLOCK_TEST_BOTH_LOOPS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m one_loop $(PYTEST_ARGS)
+	AIOLOCK_TEST_BOTH_LOOPS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -k uvloop \
+		tests/test_contract.py tests/test_contract_in_apps.py tests/test_contract_batched_renewal.py \
+		$(PYTEST_ARGS)
 
 # The documentation site, docs/_build/html/index.html (Sphinx, furo, myst-parser; docs/conf.py).
 # Every warning is an error (-W), every cross-reference must resolve (-n), and --keep-going

@@ -14,6 +14,7 @@ serve every test module.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,9 @@ SIDES = ("Reader", "Writer")
 #: The primitives the contract runs over.
 PRIMITIVES = ["AsyncLock", "Redlock", *SEMAPHORES, *SIDES]
 
-#: The primitives that run the contract on the asyncio loop only (the suite's time budget).
-ASYNCIO_ONLY = {*SEMAPHORES, *SIDES}
+#: The primitives that run the contract on the asyncio loop only (the suite's time budget;
+#: ``AIOLOCK_TEST_BOTH_LOOPS=1``, as ``make loops`` sets it, runs them on uvloop too).
+ASYNCIO_ONLY = {"Redlock", *SEMAPHORES, *SIDES}
 
 #: Redlock's masters in this suite: a quorum of two.
 REDLOCK_NODES = 3
@@ -518,11 +520,12 @@ async def subject(
 ) -> AsyncIterator[Subject]:
     """The primitive under test; after the test: no task, connection or key left.
 
-    The semaphores and the read-write lock's sides run on the asyncio loop
-    only (the suite's time budget); AsyncLock and Redlock, on the same
-    engine, run on both loops.
+    Redlock, the semaphores and the read-write lock's sides run on the
+    asyncio loop only (the suite's time budget); AsyncLock, on the same
+    engine, runs on both loops.
     """
-    if request.param in ASYNCIO_ONLY and on_uvloop():
+    both = bool(os.environ.get("AIOLOCK_TEST_BOTH_LOOPS"))
+    if request.param in ASYNCIO_ONLY and on_uvloop() and not both:
         pytest.skip(f"{request.param} runs the contract on the asyncio loop only")
     s = Subject(request.param, contract_servers, name)
     try:

@@ -26,7 +26,7 @@ from test_docs import _anchors
 
 import aiolock
 
-pytestmark = pytest.mark.heavy  # builds, and installs into a venv: alone, after the rest
+pytestmark = pytest.mark.heavy  # builds, and installs into a venv: after the rest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-#: CPU-heavy (other processes): `make test` runs these after the others, one at a time.
+#: CPU-heavy (other processes): `make test` runs these after the others, two at a time.
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parent.parent
