@@ -89,12 +89,18 @@ class Keeper:
 
     def others(self, token: str) -> int:
         """How many waiters of the client other than ``token`` stand in the queue."""
+        self._bind()
         return len(self._tokens) - (token in self._tokens)
 
     def idle(self) -> bool:
         """Nobody to keep, no mark to delete, nothing in flight: the keeper may go."""
         flight = self._flight
         return not self._tokens and not self._marked and (flight is None or flight.done())
+
+    def pending(self, token: str) -> bool:
+        """Whether ``token``'s entry names this keeper and no attempt showed it queued yet."""
+        kept = self._tokens.get(token)
+        return kept is not None and kept.kept and kept.pending
 
     def keeps(self, token: str) -> bool:
         """Whether ``token``'s entry names this keeper (and it stands in the queue)."""
@@ -106,6 +112,7 @@ class Keeper:
 
         ``kept``: the entry it writes names this keeper (and sets its mark).
         """
+        self._bind()
         entry = self._tokens.get(token)
         if entry is None:
             self._tokens[token] = _Kept(kept, shown)
@@ -126,15 +133,22 @@ class Keeper:
         if shown > entry.proof:
             entry.proof = shown
 
-    def forget(self, token: str) -> bool:
-        """The call of ``token`` no longer waits; True if :meth:`farewell` is due now.
+    def forget(self, token: str) -> list[str]:
+        """The call of ``token`` no longer waits; the keys :meth:`farewell` must delete.
 
-        It is due when the last kept waiter went: the mark must go.
+        When the last kept waiter went, the mark must go (with the entries
+        of ended calls not deleted yet): the keeper takes a new id at once,
+        so that a waiter that queues from now on names a mark the deletion
+        does not touch. Otherwise nothing is to delete (an empty list).
         """
         entry = self._tokens.pop(token, None)
-        if entry is None:
-            return False
-        return self._marked and not any(k.kept for k in self._tokens.values())
+        if entry is None or not self._marked or any(k.kept for k in self._tokens.values()):
+            return []
+        doomed = [f"{self.queue}:@{self.id}", *(f"{self.queue}:{t}" for t in self._dropped)]
+        self.id = os.urandom(4).hex()
+        self._marked = False
+        self._dropped = []
+        return doomed
 
     def drop(self, token: str) -> None:
         """``token``'s call ended and could not take its entry out: the next KEEP deletes it."""
@@ -177,29 +191,27 @@ class Keeper:
                     raise
                 # Another waiter's KEEP failed: this one sends its own (it may fail alike).
 
-    async def farewell(self) -> None:
-        """Delete the mark (and the entries of ended calls): the last kept waiter went.
-
-        The keeper takes a new id first, so that waiters queued meanwhile
-        name a mark this does not delete.
-        """
-        if not self._marked:
-            return
-        mark = f"{self.queue}:@{self.id}"
-        dropped = [f"{self.queue}:{t}" for t in self._dropped]
-        self.id = os.urandom(4).hex()
-        self._marked = False
-        self._dropped = []
+    async def farewell(self, doomed: list[str]) -> None:
+        """Delete what :meth:`forget` named: the old mark, and entries of ended calls."""
         flight = self._flight
         if flight is not None and not flight.done():
-            # A KEEP in flight would set the mark again after the DEL.
+            # A KEEP in flight (of the old id) would set the mark again after the DEL.
             await asyncio.wait((flight,))
-        await self.wire.delete(mark, *dropped)
+        await self.wire.delete(*doomed)
 
     def _bind(self) -> None:
-        """Forget what an event loop that is gone left in flight."""
+        """Forget what an event loop that is gone left: its flight, its waiters, its id.
+
+        (A loop closed while tasks waited ended their calls without their
+        cleanup: their entries die with the old id's mark.)
+        """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
+            if self._loop is not None:
+                self._tokens.clear()
+                self._dropped = []
+                self.id = os.urandom(4).hex()
+                self._marked = False
             self._loop = loop
             self._flight = None
 

@@ -913,13 +913,14 @@ class ServerLease:
         keeper = keepers.get(self.keys.queue)
         if keeper is None:
             return
-        if not keeper.forget(call.token):
+        doomed = keeper.forget(call.token)
+        if not doomed:
             if keeper.idle() and keepers.get(self.keys.queue) is keeper:
                 del keepers[self.keys.queue]
             return
         bound = call.cleanup(self._cleanup)
         try:
-            await run_shielded(keeper.farewell, max(bound, 0.0))
+            await run_shielded(lambda: keeper.farewell(doomed), max(bound, 0.0))
         except Exception as exc:
             logger.debug(
                 "could not delete the waiters' mark of %r: %r (it expires by itself)",
@@ -939,6 +940,10 @@ class ServerLease:
         may get through.
         """
         keeper = self._site.keepers.get(self.keys.queue)
+        if keeper is not None and keeper.pending(token):
+            # Its entry names the keeper, and no attempt showed it queued yet (it got no
+            # verdict): a PEXPIRE would shorten that entry's life. The next attempt tells.
+            return None, 0.0
         sent = time.monotonic()
         try:
             with Cutoff(until, task) as cutoff:
