@@ -530,7 +530,9 @@ async def test_release_cancels_and_awaits_watchdog(
     client: redis.Redis, admin: redis.Redis, name: str, no_leaks: None
 ) -> None:
     """When release() returns, the renewal task is finished, not merely cancelled."""
-    lock = AsyncLock(client, name, ttl=0.3)
+    # (A lease of 1 s: renewed after a third, with room for a loaded machine; 0.3 s once
+    # ran out in a fresh-clone run before its first renewal.)
+    lock = AsyncLock(client, name, ttl=1.0)
     assert await lock.acquire()
     await _wait_for_renewal(admin, lock.key)
     watchdogs = _renewal_tasks()
