@@ -198,6 +198,20 @@ async def test_without_fair_one_client_runs_its_tasks_before_handing_to_the_queu
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _end_dead_waiter_test(
+    dead: asyncio.subprocess.Process, waiting: asyncio.Task[bool] | None, holder: AsyncLock
+) -> None:
+    """Kill the doomed process if it lives, stop the next waiter, release the holder."""
+    if dead.returncode is None:
+        dead.kill()
+        await dead.wait()
+    if waiting is not None:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    if holder.statistics().held:
+        await holder.release()
+
+
 DEAD_WAITER = """
 import asyncio, sys
 import redis.asyncio as redis
@@ -246,14 +260,7 @@ async def test_a_sigkilled_queued_waiter_delays_the_next_by_its_entry_life_at_mo
         assert delay <= min(ttl, ENTRY_CAP) + SLACK, f"the next waited {delay:.3f} s"
         await nxt.release()
     finally:
-        if dead.returncode is None:
-            dead.kill()
-            await dead.wait()
-        if waiting is not None:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-        if holder.statistics().held:
-            await holder.release()
+        await _end_dead_waiter_test(dead, waiting, holder)
 
 
 DEAD_CROWD = """
@@ -308,14 +315,7 @@ async def test_the_kept_waiters_of_a_sigkilled_process_are_passed_over_an_entry_
         assert await admin.keys(all_keys(name)) == [nxt.key], "a dead waiter's entry was left"
         await nxt.release()
     finally:
-        if dead.returncode is None:
-            dead.kill()
-            await dead.wait()
-        if waiting is not None:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-        if holder.statistics().held:
-            await holder.release()
+        await _end_dead_waiter_test(dead, waiting, holder)
 
 
 async def test_a_stopped_queued_waiter_delays_the_next_by_the_lease_it_last_saw_at_most(
