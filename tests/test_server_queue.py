@@ -201,7 +201,7 @@ async def test_without_fair_one_client_runs_its_tasks_before_handing_to_the_queu
 async def _end_dead_waiter_test(
     dead: asyncio.subprocess.Process, waiting: asyncio.Task[bool] | None, holder: AsyncLock
 ) -> None:
-    """Kill the doomed process if it lives, stop the next waiter, release the holder."""
+    """Kill the doomed (or stopped) process if alive, stop the next waiter, free the holder."""
     if dead.returncode is None:
         dead.kill()
         await dead.wait()
@@ -352,14 +352,7 @@ async def test_a_stopped_queued_waiter_delays_the_next_by_the_lease_it_last_saw_
         assert min(ttl, ENTRY_CAP) - SLACK <= delay <= ttl + SLACK, f"the next waited {delay:.3f} s"
         await nxt.release()
     finally:
-        if stopped.returncode is None:
-            stopped.kill()
-            await stopped.wait()
-        if waiting is not None:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-        if holder.statistics().held:
-            await holder.release()
+        await _end_dead_waiter_test(stopped, waiting, holder)
 
 
 async def test_a_grant_that_reaches_a_cancelled_waiter_goes_on_to_the_next(
