@@ -9,7 +9,7 @@ formatting.
 All keys one script touches share the lock's hash slot: the lock key is
 ``<prefix>{<name>}`` and its companions append a suffix after the ``}``.
 
-The queue between processes (DESIGN.md §3.4) is a list of tokens,
+The queue between processes (``docs/server-queue.md``) is a list of tokens,
 ``KEYS[2]``, and one key per waiter, its *entry*, ``KEYS[2] .. ':' ..
 token``, whose value is the lease a grant gives it, the number of the
 attempt that wrote it and the tag of its process's grant channel

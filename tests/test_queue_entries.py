@@ -1,7 +1,7 @@
 """Entries in the queue on the server: a waiter elsewhere is seen, and leaves nothing behind.
 
 A waiter that must wait for a lock held elsewhere stands in the lock's queue
-on the server (DESIGN.md §3.4): its token in the list ``<key>:queue`` and its
+on the server (docs/server-queue.md): its token in the list ``<key>:queue`` and its
 *entry* ``<key>:queue:<token>``, which lives ``min(ttl, ENTRY_CAP)`` and is
 refreshed while the waiter lives. A process whose tasks take the lock in turn
 hands it from task to task; after ``LOCAL_RUN`` it hands it to the queue's
@@ -9,7 +9,7 @@ first live waiter instead, whether that waiter is notified or polls.
 
 These tests were the waiting marker's (the key the queue replaced): a poller
 elsewhere was invisible to a local run and starved (found by the fault
-suite), and a dead waiter's marker outlived it (issue 17).
+suite), and a dead waiter's marker outlived it.
 """
 
 from __future__ import annotations
