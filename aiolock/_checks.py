@@ -29,6 +29,7 @@ __all__ = [
     "check_seconds",
     "check_timeout",
     "check_ttl",
+    "shared",
     "to_ms",
     "too_long",
 ]
@@ -71,6 +72,26 @@ def too_long(name: str, value: object) -> str:
         f"{name} must be at most {MAX_SECONDS:g} s ({MAX_MS:.0e} ms, the longest duration "
         f"aiolock takes), got {value!r}"
     )
+
+
+#: The ints :func:`shared` hands out, by value.
+_SHARED: dict[int, int] = {}
+#: How many distinct values :func:`shared` keeps before it starts afresh.
+_SHARED_MOST: Final = 1024
+
+
+def shared(number: int) -> int:
+    """``number`` as one object for every equal value kept long (a pid, a lease in ms).
+
+    An int beyond 256 is an object of its own, 28 to 32 bytes: ten thousand
+    holdings each keeping their own copy of the same few numbers pay for it.
+    """
+    found = _SHARED.get(number)
+    if found is None:
+        if len(_SHARED) >= _SHARED_MOST:
+            _SHARED.clear()
+        found = _SHARED[number] = number
+    return found
 
 
 def to_ms(seconds: float) -> int:

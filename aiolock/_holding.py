@@ -49,6 +49,7 @@ from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import LOCAL_RUN, Entry, Grant, LocalQueue, Turn, Undo
 from ._renewal import Holding, never_released, renewer_for
 from ._timers import Cutoff, Timer, call_at
+from ._wire import Ahead, Wire
 
 __all__ = ["LeaseLock", "LockStatistics", "current_task"]
 
@@ -659,6 +660,11 @@ class LeaseLock:
             holding.depth -= 1
             return
         baseline = task.cancelling()
+        ahead = await self._slot_ahead(holding, task)
+        if holding.ended:  # released meanwhile, by another task sharing the holding
+            if ahead is not None:
+                ahead.give_back()
+            raise LockNotOwnedError(f"lock {self._name!r} is not held")
         if not holding.lost and time.monotonic() >= holding.lease_end:
             # The loop was blocked past the lease: the watchdog had no chance to run.
             self._declare_lost(holding, "the lease ran out before release")
@@ -680,6 +686,8 @@ class LeaseLock:
             if not deleted:
                 self._report_loss(holding, f"{lease.gone} at release")
         finally:
+            if ahead is not None:
+                ahead.give_back()  # (if no command went out on it)
             if spare is not None and not spare.done:
                 spare.cancel()
             if holding.has_baton:
@@ -699,6 +707,23 @@ class LeaseLock:
             logger.debug("released lock %r", self._name)
         if task.cancelling() > baseline:
             await honour_cancellation(task, baseline)
+
+    async def _slot_ahead(self, holding: Holding, task: asyncio.Task[Any]) -> Ahead | None:
+        """Wait for a slot of the client for the release, the holding renewed meanwhile.
+
+        Behind thousands of other commands of the client (a service releasing
+        everything it holds at once), the release waits in the process's line
+        with its holding still renewed, so that its lease does not run out in
+        line. Cancelled while it waits, the release goes on as it would have
+        without it (and is cancelled at its end).
+        """
+        wire = getattr(self._lease, "wire", None)
+        if holding.lost or not isinstance(wire, Wire) or not wire.crowded(holding.loop):
+            return None  # (no line: the release goes out at once)
+        try:
+            return await wire.ahead(task)
+        except asyncio.CancelledError:
+            return None
 
     async def _hand_over(
         self,

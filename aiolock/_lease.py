@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._cancel import finish, run_shielded
-from ._checks import check_ttl, to_ms
+from ._checks import check_ttl, shared, to_ms
 from ._exceptions import LockError
 from ._keeper import KEPT_LIFE, Keeper
 from ._keys import keys_for
@@ -479,6 +479,25 @@ def server_lease(
     return lease
 
 
+def _extend_call(
+    batch: Sequence[Extension], suffix: str
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The keys and arguments of one ``*_EXTEND_MANY`` call renewing ``batch``."""
+    keys: list[str] = []
+    args: list[Any] = [suffix]
+    for lease, token, ttl in batch:
+        keys.append(cast("ServerLease", lease).key)
+        args += (token, to_ms(ttl))
+    return tuple(keys), tuple(args)
+
+
+def _extended(reply: Any) -> bool | Exception:
+    """One holding's outcome in an ``*_EXTEND_MANY`` reply."""
+    if reply == -1:
+        return ResponseError("the server could not renew this holding now (its slot migrating?)")
+    return bool(reply)
+
+
 class ServerLease:
     """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`).
 
@@ -561,7 +580,7 @@ class ServerLease:
         self._replica_fsync = replica_fsync
         self._fair = fair
         self.ttl = self.span = ttl
-        self._ms = to_ms(ttl)
+        self._ms = shared(to_ms(ttl))
         self._cleanup = min(ttl, CLEANUP_BOUND)
         self.bare_first = not (fencing or replicas or fair)
         self.queues = True
@@ -569,7 +588,7 @@ class ServerLease:
         self.accepts_grants = not replicas
         self.foreign_without_expiry = True  # the lock's key is a plain string any SET NX takes
         life = min(ttl, ENTRY_CAP)
-        self._entry_ms = to_ms(life)
+        self._entry_ms = shared(to_ms(life))
         # What a grant gives this lock's waiters: a first lease of one entry life (a dead
         # heir holds the lock no longer), renewed to the full lease like any other. (A
         # waiter that will not renew asks for its whole lease instead: see _scripted.)
@@ -580,7 +599,7 @@ class ServerLease:
         self._acquire_keys = (keys.lock, keys.queue, keys.fence)
         self._release_args: tuple[str, ...] = (keys.channel, "1" if self.wire.cluster else "0")
         self._site = site
-        # Only holdings of one slot are renewed by one script on a cluster.
+        # Only holdings of one slot are renewed by one script call on a cluster.
         self._slot = key_slot(keys.lock.encode()) if self.wire.cluster else None
         self._queues = site.queues
         self._listeners = site.listeners if notify else None
@@ -1089,33 +1108,39 @@ class ServerLease:
         return extended
 
     def batch_key(self) -> Hashable:
-        """The client, the kind's extend script and (on a cluster) the key's hash slot."""
-        return (self._site, self._EXTEND_MANY, self._slot)
+        """The client and the kind's extend script."""
+        return (self._site, self._EXTEND_MANY)
 
     async def extend_many(self, batch: Sequence[Extension]) -> list[bool | Exception]:
-        """Extend every item of ``batch`` with one script call (see :meth:`Lease.extend_many`).
+        """Extend every item of ``batch`` (see :meth:`Lease.extend_many`).
 
         ``batch`` holds at most :data:`BATCH_MOST` items; one item is one
-        :meth:`extend`.
+        :meth:`extend`. One script call renews them all; on a cluster, one
+        call per hash slot, sent in one pipeline (each master its share).
         """
         if len(batch) == 1:
             lease, token, ttl = batch[0]
             return [await lease.extend(token, ttl)]
-        keys: list[str] = []
-        args: list[Any] = [self.keys.queue[len(self.key) :]]  # the kind's queue suffix
-        for lease, token, ttl in batch:
-            server = cast(ServerLease, lease)  # (its batch key says so)
-            keys.append(server.key)
-            args += (token, to_ms(ttl))
+        suffix = self.keys.queue[len(self.key) :]  # the kind's queue suffix
+        if not self.wire.cluster:
+            sent = time.monotonic()
+            keys, args = _extend_call(batch, suffix)
+            replies = await self.wire.run(self._EXTEND_MANY, keys, args, urgent=True)
+            self.wire.observe(time.monotonic() - sent)
+            return [_extended(reply) for reply in replies]
+        slots: dict[int | None, list[int]] = {}
+        for i, (lease, _, _) in enumerate(batch):
+            slots.setdefault(cast(ServerLease, lease)._slot, []).append(i)
+        groups = list(slots.values())
+        calls = [_extend_call([batch[i] for i in group], suffix) for group in groups]
         sent = time.monotonic()
-        replies = await self.wire.run(self._EXTEND_MANY, tuple(keys), tuple(args), urgent=True)
+        answers = await self.wire.run_each(self._EXTEND_MANY, calls, urgent=True)
         self.wire.observe(time.monotonic() - sent)
-        return [
-            ResponseError("the server could not renew this holding now (its slot migrating?)")
-            if reply == -1
-            else bool(reply)
-            for reply in replies
-        ]
+        outcomes: list[bool | Exception] = [False] * len(batch)
+        for group, answer in zip(groups, answers, strict=True):
+            for j, i in enumerate(group):
+                outcomes[i] = answer if isinstance(answer, Exception) else _extended(answer[j])
+        return outcomes
 
     async def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool

@@ -31,6 +31,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, final
 
+from ._checks import shared
 from ._exceptions import LockError
 from ._timers import Cutoff
 
@@ -134,7 +135,7 @@ class LocalQueue:
         #: The event loop whose tasks use the queue (a queue belongs to one loop).
         self.loop = loop
         #: The process that made it (a forked child starts with its own).
-        self.pid = os.getpid()
+        self.pid = shared(os.getpid())
         # The baton holder: a task, or the holding of one that ended while it held.
         self.owner: object | None = None
         self.holder: object | None = None  # the baton holder, once it holds the lock

@@ -60,6 +60,7 @@ from collections.abc import Hashable
 from typing import Any, Final, Protocol, final
 
 from ._cancel import finish
+from ._checks import shared
 from ._lease import BATCH_MOST, Extension, Lease
 from ._queue import LocalQueue
 from ._timers import Timer, call_at
@@ -130,7 +131,7 @@ class Holding:
         self.lease = lease  # renewed through it
         self.token = token
         self.queue = queue  # the local queue whose baton it holds
-        self.thread = threading.get_ident()  # the thread whose event loop it belongs to
+        self.thread = shared(threading.get_ident())  # the thread whose event loop it belongs to
         # The task that acquired; None once it has ended (the holding is detached, and
         # keeps nothing of it: a done task holds its coroutine, context and result).
         self.task: asyncio.Task[Any] | None = task

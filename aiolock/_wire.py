@@ -51,9 +51,11 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import contextvars
 import functools
 import inspect
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, cast, final
 
 import anyio
@@ -181,6 +183,17 @@ def _closed_by_peer(conn: Any) -> bool:
         return False
 
 
+try:  # hiredis packs in C (redis-py's asyncio connections do not use it)
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - redis-py without hiredis
+    _HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None = None
+else:
+    _HIREDIS_PACK = _hiredis_pack
+#: What hiredis packs as redis-py would (not float: the two write some differently).
+_HIREDIS_KINDS: Final = frozenset((str, bytes, int))
+#: The encoding names hiredis writes str in.
+_UTF8: Final = frozenset(("utf-8", "utf8", "UTF-8", "UTF8"))
+
 #: redis-py's own packing: a connection class that overrides it (to record, say) keeps it.
 _REDIS_PACK: Final = RedisConnection.pack_command
 
@@ -188,8 +201,9 @@ _REDIS_PACK: Final = RedisConnection.pack_command
 def _packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | None:
     """``args`` in the RESP protocol, as redis-py's ``pack_command`` makes it; None to let it.
 
-    One join, where redis-py copies its growing buffer at every argument: a
-    renewal of a hundred holdings has hundreds. Only str (in the client's
+    With hiredis, in C, for str (UTF-8), bytes and int. Otherwise one join,
+    where redis-py copies its growing buffer at every argument: a renewal of
+    a hundred holdings has hundreds. Only str (in the client's
     encoding), bytes and int; anything else is redis-py's to encode. Where
     the encoding writes ASCII as ASCII, ASCII text and numbers are joined as
     text and encoded once (a third faster for a renewal's hundreds).
@@ -197,6 +211,15 @@ def _packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | 
     first = args[0]
     if first.__class__ is not str:
         return None
+    if (
+        _HIREDIS_PACK is not None
+        and errors == "strict"
+        and encoding in _UTF8
+        and all(arg.__class__ in _HIREDIS_KINDS for arg in args)
+    ):
+        if " " in first:
+            args = (*first.split(), *args[1:])
+        return [_HIREDIS_PACK(args)]
     text = _ASCII_SAFE.get(encoding)
     if text is None:
         text = _ASCII_SAFE[encoding] = _writes_ascii_as_ascii(encoding)
@@ -306,6 +329,40 @@ class _Gate:
         """How many commands wait for a slot."""
         return len(self._urgent) + len(self._waiters)
 
+    def full(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a command of ``loop`` would wait for a slot now."""
+        return self._loop is loop and (self._free <= 0 or bool(self._waiters or self._urgent))
+
+
+@final
+class Ahead:
+    """A slot of a client taken ahead by one task for its next command (see :meth:`Wire.ahead`)."""
+
+    __slots__ = ("gate", "reset", "task", "used")
+
+    def __init__(self, gate: _Gate, task: asyncio.Task[Any]) -> None:
+        self.gate = gate
+        self.task = task
+        #: Whether a command went out on it (and gave it back when it ended).
+        self.used = False
+        self.reset: contextvars.Token[Ahead | None] | None = None
+
+    def give_back(self) -> None:
+        """Return the slot if no command used it; forget it either way (in the taking task)."""
+        if not self.used:
+            self.used = True
+            self.gate.leave()
+        if self.reset is not None:
+            with contextlib.suppress(ValueError):  # (another context: nothing to undo there)
+                _AHEAD.reset(self.reset)
+            self.reset = None
+
+
+#: The slot the running task took ahead, if any.
+_AHEAD: contextvars.ContextVar[Ahead | None] = contextvars.ContextVar(
+    "aiolock_slot_ahead", default=None
+)
+
 
 def _slots(client: Client) -> int:
     """How many connections of ``client``'s pool aiolock's commands may use at once."""
@@ -405,6 +462,23 @@ class Wire:
             except (RuntimeError, AttributeError, KeyError) as exc:
                 raise translated(exc, self.cluster) from None
 
+    def crowded(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a command sent now from ``loop`` would wait in line for a slot."""
+        return self._gate.full(loop)
+
+    async def ahead(self, task: asyncio.Task[Any]) -> Ahead:
+        """Wait in line for a slot of the client, and keep it for ``task``'s next command.
+
+        ``task`` is the calling task. The next command it sends through this wire goes out
+        on that slot without waiting again; :meth:`Ahead.give_back` returns it
+        if none did. A release waits so while its holding is still renewed:
+        behind a crowd of other commands, its lease does not run out in line.
+        """
+        await self._gate.enter()
+        ahead = Ahead(self._gate, task)
+        ahead.reset = _AHEAD.set(ahead)
+        return ahead
+
     # -- sending -----------------------------------------------------------------------
 
     async def _send(
@@ -425,11 +499,20 @@ class Wire:
         goes out. ``urgent``: first in line for a slot of the client (a renewal).
         """
         try:
-            if trace is not None:
-                trace.waiting = True
-            await self._gate.enter(urgent)
-            if trace is not None:
-                trace.waiting = False
+            ahead = _AHEAD.get()
+            if (
+                ahead is not None
+                and not ahead.used
+                and ahead.gate is self._gate
+                and ahead.task is asyncio.current_task()
+            ):
+                ahead.used = True  # this command goes out on the slot taken ahead
+            else:
+                if trace is not None:
+                    trace.waiting = True
+                await self._gate.enter(urgent)
+                if trace is not None:
+                    trace.waiting = False
             try:
                 if self._direct:
                     return await self._send_direct(args, once, trace)
@@ -558,26 +641,74 @@ class Wire:
         If the server still does not know the script after loading it (a
         cluster client that loaded it on another node), the text is sent
         with ``EVAL``, which runs where the keys are. ``once`` and ``urgent``:
-        see :meth:`_send` (a ``NOSCRIPT`` reply means it did not run).
+        see :meth:`_send` (a ``NOSCRIPT`` reply means it did not run); the
+        load and what follows it are urgent.
 
         Raises:
             LockError: the key is of another kind of primitive (``WRONGTYPE``).
             ReplyLost: a ``once`` script may have run, and its reply was lost.
         """
-        send = functools.partial(
-            self._send, key=keys[0] if keys else None, once=once, trace=trace, urgent=urgent
-        )
+        key = keys[0] if keys else None
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await send(evalsha)
+            return await self._send(evalsha, key=key, once=once, trace=trace, urgent=urgent)
         except NoScriptError:
-            await self._send(("SCRIPT LOAD", script.text))
+            # What follows goes first in line: the call had its turn already. (Behind
+            # a crowd of releases that each met NOSCRIPT, a load in line would come
+            # only after every one of them.)
+            await self._send(("SCRIPT LOAD", script.text), urgent=True)
+        send = functools.partial(self._send, key=key, once=once, trace=trace, urgent=True)
         try:
             return await send(evalsha)
         except NoScriptError:
             # Loaded, yet unknown where the key is: seen with redis-py 7.4's cluster
             # client after a failover. EVAL carries the text to the key's node.
             return await send(("EVAL", script.text, len(keys), *keys, *args))
+
+    async def run_each(
+        self,
+        script: Script,
+        calls: Sequence[tuple[tuple[str, ...], tuple[Any, ...]]],
+        *,
+        urgent: bool = False,
+    ) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` of ``calls``, all in one pipeline.
+
+        A cluster sends each master its share in one write, every master at
+        once, and resends on its own a call that met a redirection (a slot
+        migrating). Returns each call's reply, or the error it met, in order.
+        A ``NOSCRIPT`` reply means the call did not run: the script is
+        loaded and those calls are sent again. The pipeline takes one slot of
+        the client (see :meth:`_send`). Only for scripts that may run twice.
+        """
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        try:
+            await self._gate.enter(urgent)
+            try:
+                for round_ in range(2):
+                    pipe = self.client.pipeline(transaction=False)
+                    for i in todo:
+                        keys, args = calls[i]
+                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    answers = await pipe.execute(raise_on_error=False)
+                    for i, answer in zip(todo, answers, strict=True):
+                        replies[i] = answer
+                    todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+                    if not todo or round_:
+                        break
+                    # (A cluster loads it on every master: the unknown ones are among them.)
+                    if self.cluster:
+                        await self.client.execute_command(
+                            "SCRIPT LOAD", script.text, target_nodes=RedisCluster.PRIMARIES
+                        )
+                    else:
+                        await self.client.execute_command("SCRIPT LOAD", script.text)
+            finally:
+                self._gate.leave()
+        except (RuntimeError, AttributeError, KeyError) as exc:
+            raise translated(exc, self.cluster) from None
+        return replies
 
     async def wrong_kind(self, key: str) -> LockError:
         """The error for a command that met ``key`` holding another kind of primitive."""

@@ -5,14 +5,17 @@ Three workloads, each on private servers on loopback:
 * ``held``: one process holds N ``AsyncLock`` s (``ttl=3``) on one client
   made with ``redis.asyncio.Redis.from_url(url)`` (redis-py's default pool:
   at most 100 connections, ``MaxConnectionsError`` beyond), for
-  ``--hold`` seconds, then releases them. Reported: holdings declared lost,
-  releases that raised, the server's CPU (``INFO cpu``) and the client's
-  (``time.process_time``) while holding, as a share of one core, the
-  server's commands per second (``INFO commandstats``, those inside scripts
-  included) and its top-level calls per second, the client's memory per
-  held lock (the growth of its resident memory, the lock objects included;
-  the pool's connections are opened beforehand, and not counted), and the
-  client's connections. N = 1,000, 5,000 and 10,000 on one server, and 1,000 on a
+  ``--hold`` seconds, then releases them all at once (one ``gather``, as a
+  service that shuts down). Reported: holdings declared lost, releases
+  that raised and how long they took together, the server's CPU while
+  holding (``INFO cpu``: what holding adds to the servers' idle CPU,
+  measured for 3 s before and shown beside it) and the client's
+  (``time.process_time``), as a share of one core, the server's commands
+  per second (``INFO commandstats``, those inside scripts included) and its
+  top-level calls per second, the client's memory per held lock (the
+  growth of its resident memory, the lock objects included; the pool's
+  connections are opened beforehand, and not counted), and the client's
+  connections. N = 1,000, 5,000 and 10,000 on one server, and 1,000 on a
   three-master cluster (``RedisCluster.from_url``).
 * ``waiters``: 2,000 tasks on one client wait on one primitive and cycle
   through it (each holds it about a millisecond): a ``Semaphore(limit=10)``,
@@ -61,6 +64,7 @@ from typing import Any, Final
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
 from aiolock import AsyncLock, ReadWriteLock, Semaphore
+from aiolock._wire import MAX_SLOTS
 from aiolock.testing import LocalCluster
 
 from ._common import (
@@ -83,6 +87,8 @@ HELD_TTL: Final = 3.0
 SERVER_SHARE: Final = 0.02
 CLIENT_SHARE: Final = 0.15
 BYTES_PER_LOCK: Final = 2048
+#: Seconds of the servers' idle CPU measured before the locks are taken.
+IDLE_S: Final = 3.0
 #: How long each waiter keeps what it acquired.
 INSIDE: Final = 0.001
 #: Acquisition timeout of each waiting task (a task that times out counts as an error).
@@ -172,14 +178,28 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
     lost: list[object] = []
     try:
         await admin.ping()
-        # The pool's connections first (they are the client's, not the locks'): every
-        # slot aiolock may use, opened by as many locks held at once.
+        # The pool's connections first (they are the client's, not the locks'): as
+        # many as aiolock may use at once, to each server (a cluster's pools are per
+        # master, and each may grow to that many), and the code paths warmed.
         warm = [AsyncLock(client, f"bench:scale:warm:{i}", ttl=HELD_TTL) for i in range(200)]
         await asyncio.gather(*(lock.acquire() for lock in warm))
         await asyncio.gather(*(lock.release() for lock in warm))
         del warm
+        if isinstance(client, RedisCluster):
+            for node in client.get_primaries():
+                await asyncio.gather(
+                    *(client.execute_command("PING", target_nodes=node) for _ in range(MAX_SLOTS))
+                )
+        else:
+            await asyncio.gather(*(client.ping() for _ in range(MAX_SLOTS)))
         gc.collect()
         base = _resident()
+        # What the servers spend with nothing held (a cluster's nodes talk to each
+        # other): the renewal's share is what holding adds to it.
+        idle0 = await _cpu([admin])
+        t0 = time.monotonic()
+        await asyncio.sleep(IDLE_S)
+        idle = (await _cpu([admin]) - idle0) / (time.monotonic() - t0)
         locks = [
             AsyncLock(client, f"bench:scale:{i}", ttl=HELD_TTL, on_lost=lost.append)
             for i in range(count)
@@ -204,7 +224,11 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
         connections = await _connections(admin)
         lost_while_held = len(lost)
         errors: Counter[str] = Counter()
-        for outcome in await _in_chunks(lambda i: locks[i].release(), count):
+        # All at once, as a service that shuts down lets go of everything it holds.
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*(lock.release() for lock in locks), return_exceptions=True)
+        release_s = time.monotonic() - started
+        for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 errors[type(outcome).__name__] += 1
         left = await _keys(admin, "*bench:scale:*")
@@ -217,9 +241,11 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
         "hold_s": wall,
         "acquire_s": acquire_s,
         "acquire_failures": failed,
+        "release_s": release_s,
         "lost": lost_while_held,
         "release_errors": dict(errors),
-        "server_cpu_share": cpu / wall,
+        "server_cpu_share": cpu / wall - idle,
+        "server_idle_share": idle,
         "client_cpu_share": own / wall,
         "commands_per_s": (commands - commands0) / wall,
         "script_calls_per_s": (scripts - scripts0) / wall,
@@ -526,7 +552,9 @@ def _report(result: dict[str, Any]) -> bool:
                 "where",
                 "lost",
                 "release errors",
+                "release all",
                 "server CPU",
+                "(idle)",
                 "client CPU",
                 "commands/s",
                 "script calls/s",
@@ -540,7 +568,9 @@ def _report(result: dict[str, Any]) -> bool:
                     "cluster" if r["cluster"] else "server",
                     r["lost"],
                     sum(r["release_errors"].values()),
+                    f"{r['release_s']:.1f} s",
                     _share(r["server_cpu_share"]),
+                    _share(r["server_idle_share"]),
                     _share(r["client_cpu_share"]),
                     f"{r['commands_per_s']:,.0f}",
                     f"{r['script_calls_per_s']:,.0f}",

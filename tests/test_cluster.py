@@ -878,6 +878,74 @@ async def test_names_that_empty_the_hash_tag_are_refused(
         assert repr(prefix) in str(raised.value)
 
 
+# --- 4. many holdings, many slots ----------------------------------------------------------------
+
+
+#: The primitives renewed in batches, made on a client for a name (ttl 1.5 s).
+RENEWED_KINDS: Final[dict[str, Callable[[RedisCluster, str, Callable[..., Any]], Any]]] = {
+    "AsyncLock": lambda c, name, lost: AsyncLock(c, name, ttl=1.5, on_lost=lost),
+    "Semaphore": lambda c, name, lost: Semaphore(c, name, limit=2, ttl=1.5, on_lost=lost),
+    "reader": lambda c, name, lost: ReadWriteLock(c, name, ttl=1.5, on_lost=lost).reader,
+}
+
+
+@pytest.mark.parametrize("kind", RENEWED_KINDS)
+async def test_holdings_in_many_slots_are_renewed_in_one_pipeline_per_master(
+    cluster: LocalCluster, clients: Clients, tag: str, kind: str
+) -> None:
+    """Sixty holdings, each in its own slot, renew without a connection apiece.
+
+    A renewal script may only touch one slot, so each slot gets its own call;
+    the calls due together go out in one pipeline, each master its share on
+    one connection. Every holding is renewed (none lost, every lease longer
+    than it would be unrenewed), each master runs one renewal call per
+    holding of its slots per round, and the client never has more than two
+    connections open to a master: sent one by one, the sixty calls of a
+    round would open about twenty to each. A member whose key goes is lost
+    alone.
+    """
+    client = clients(cluster)
+    await client.initialize()
+    names = [f"{tag}:many{i}" for i in range(60)]
+    assert len({LocalCluster.slot_for_key(key_of(name)) for name in names}) == 60
+    lost: list[object] = []
+    locks = [RENEWED_KINDS[kind](client, name, lost.append) for name in names]
+    for lock in locks:
+        # One at a time (a connection to each master is all it takes), each in a task
+        # of its own that ends: the holding joins the renewer at once, so that the
+        # first renewals are due together too.
+        assert await asyncio.create_task(lock.acquire(timeout=2))
+    try:
+        await reset_stats(cluster)
+        await asyncio.sleep(1.2)  # two renewals each (every 0.5 s)
+        per_master = {
+            master.port: sum(1 for lock in locks if cluster.node_for_key(lock.key) is master)
+            for master in masters_of(cluster)
+        }
+        for master in masters_of(cluster):
+            assert await node_calls(master, "evalsha") >= 2 * per_master[master.port]
+        pttls = [await client.pttl(lock.key) for lock in locks]
+        assert min(pttls) > 1500 - 1200 + 100, pttls  # renewed (unrenewed: under 300 ms)
+        open_to = await clients.connections()
+        assert max(len(found) for found in open_to.values()) <= 2, open_to
+        assert lost == []
+        # One member's key gone: it alone is lost, at its next renewal; the others of
+        # its pipeline (and of its master) renew on.
+        await client.delete(locks[7].key)
+        await eventually(lambda: len(lost) == 1, "the member whose key went is lost", 2.0)
+        await asyncio.sleep(0.6)
+        assert len(lost) == 1
+        assert [lock.lost for lock in locks].count(True) == 1
+        assert locks[7].lost
+    finally:
+        for i, lock in enumerate(locks):
+            if i == 7:
+                with pytest.raises(LockLostError):
+                    await lock.release()
+            else:
+                await lock.release()
+
+
 # --- 5. failover of the lock's master ------------------------------------------------------------
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import unittest.mock
 import weakref
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as redis
+from faultproxy import FaultProxy
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as RedisConnection
@@ -26,7 +28,7 @@ from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import all_keys, calls, connected, connections_made, eventually, keys_of, other_tasks
 
-from aiolock import AsyncLock, ReadWriteLock, Semaphore
+from aiolock import AsyncLock, ReadWriteLock, Semaphore, _wire
 from aiolock._scripts import KEEP
 from aiolock._wire import _Gate, _packed
 from aiolock.testing import RedisServer
@@ -53,6 +55,73 @@ async def test_hundreds_held_on_a_pool_of_four_are_renewed_and_none_is_lost(
         assert await admin.exists(*(lock.key for lock in locks)) == len(locks)
         assert connections_made(client) <= 4
         await asyncio.gather(*(lock.release() for lock in locks))
+    assert await admin.keys(all_keys(name)) == []
+    assert await other_tasks() == set()
+
+
+@pytest.mark.parametrize("flushed", [False, True], ids=["scripts-loaded", "scripts-flushed"])
+async def test_a_crowd_of_releases_waits_in_line_with_its_holdings_renewed(
+    proxy: FaultProxy, admin: redis.Redis, name: str, flushed: bool
+) -> None:
+    """A hundred holdings released at once through one slot of a slow link: all succeed.
+
+    A pool of two leaves aiolock one slot; at 20 ms a command the hundred
+    releases take two seconds in line, over three leases of 0.6 s. Each
+    release waits for its turn with its holding still renewed, so no lease
+    runs out in line: no error, no loss, no key left. With the scripts
+    flushed from the server, each release meets ``NOSCRIPT`` on its turn;
+    the load and the second try go first in line (behind the crowd, every
+    release would wait its turn three times, the last two unrenewed).
+    """
+    lost: list[object] = []
+    async with connected(proxy.url, max_connections=2) as client:
+        locks = [AsyncLock(client, f"{name}:{i}", ttl=0.6, on_lost=lost.append) for i in range(100)]
+        assert all(await asyncio.gather(*(lock.acquire(timeout=5) for lock in locks)))
+        assert connections_made(client) == 1
+        proxy.set_latency(0.01)  # each way
+        await asyncio.sleep(0.3)  # a renewal through the slow link
+        if flushed:
+            await admin.script_flush()
+        else:
+            async with AsyncLock(client, f"{name}:warm"):
+                pass  # the release script loaded
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*(lock.release() for lock in locks), return_exceptions=True)
+        took = time.monotonic() - started
+        assert [o for o in outcomes if o is not None] == []
+        assert took > 1.2, took  # (the line was longer than two leases)
+        assert lost == []
+    assert await admin.keys(all_keys(name)) == []
+    assert await other_tasks() == set()
+
+
+async def test_a_release_cancelled_while_in_line_still_releases(
+    proxy: FaultProxy, admin: redis.Redis, name: str
+) -> None:
+    """A release cancelled while it waits in line for its turn still frees the key, then raises.
+
+    Twenty releases through one slot at 40 ms a command: the last is
+    cancelled while the others go first. It goes on, frees the key, and
+    ends in ``CancelledError``; nothing is lost or left.
+    """
+    lost: list[object] = []
+    async with connected(proxy.url, max_connections=2) as client:
+        locks = [AsyncLock(client, f"{name}:{i}", ttl=2.0, on_lost=lost.append) for i in range(20)]
+        assert all(await asyncio.gather(*(lock.acquire(timeout=5) for lock in locks)))
+        async with AsyncLock(client, f"{name}:warm"):
+            pass  # the release script loaded
+        proxy.set_latency(0.02)  # each way
+        others = asyncio.gather(*(lock.release() for lock in locks[:-1]))
+        await asyncio.sleep(0)
+        last = asyncio.create_task(locks[-1].release())
+        await asyncio.sleep(0.1)  # in line, behind the others
+        assert not last.done()
+        last.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await last
+        assert await admin.exists(locks[-1].key) == 0
+        await others
+        assert lost == []
     assert await admin.keys(all_keys(name)) == []
     assert await other_tasks() == set()
 
@@ -366,11 +435,16 @@ async def test_a_wait_cancelled_as_its_slot_is_passed_over_ends_cancelled() -> N
         max_size=12,
     ),
     st.sampled_from(["EVALSHA", "SET", "SCRIPT LOAD", "CLIENT SETINFO"]),
+    st.booleans(),
 )
-def test_commands_are_packed_as_redis_py_packs_them(args: list[Any], command: str) -> None:
-    """aiolock's packing (one join) gives the bytes redis-py's ``pack_command`` gives."""
+def test_commands_are_packed_as_redis_py_packs_them(
+    args: list[Any], command: str, with_hiredis: bool
+) -> None:
+    """aiolock's packing (hiredis's, or one join without it) gives redis-py's bytes."""
     whole = (command, *args)
-    ours = _packed(whole, "utf-8", "strict")
+    packer = _wire._HIREDIS_PACK if with_hiredis else None  # (None without hiredis)
+    with unittest.mock.patch.object(_wire, "_HIREDIS_PACK", packer):
+        ours = _packed(whole, "utf-8", "strict")
     assert ours is not None
     assert b"".join(ours) == b"".join(RedisConnection().pack_command(*whole))
 
