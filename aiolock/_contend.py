@@ -6,8 +6,8 @@ the server until it wins or its deadline passes.
 
 Between attempts a waiter of a lease that queues (the one-server lease)
 stands in the lock's queue on the server: a failed attempt put it there,
-and a release hands the lock straight to the first live waiter (DESIGN.md
-§3.4). It then waits, sending nothing but a refresh of its entry every
+and a release hands the lock straight to the first live waiter
+(docs/server-queue.md). It then waits, sending nothing but a refresh of its entry every
 ``refresh_every`` seconds, for whichever comes first:
 
 * its grant, announced on its process's grant channel (:mod:`aiolock._notify`): it

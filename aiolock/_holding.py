@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Never, NoReturn, Self
+from typing import TYPE_CHECKING, Any, Final, Never, NoReturn, Self
 
 import anyio
 from redis.exceptions import RedisError
@@ -948,6 +948,21 @@ class LeaseLock:
             self._event("renewal_failed", holding, error=error)
 
     # -- async with --------------------------------------------------------------------
+
+    def _what(self) -> str:
+        """What this lock is called in a message: its class."""
+        return type(self).__name__
+
+    if not TYPE_CHECKING:  # to a type checker, a plain `with lock:` stays an error
+
+        def __enter__(self) -> NoReturn:
+            raise TypeError(
+                f"{self._what()} {self._name!r} needs 'async with', not 'with': acquiring it "
+                "awaits the server"
+            )
+
+        def __exit__(self, *exc_info: object) -> None:  # never reached: __enter__ raised
+            raise TypeError(f"{self._what()} {self._name!r}: use 'async with', not 'with'")
 
     async def __aenter__(self) -> Self:
         if not await self.acquire():

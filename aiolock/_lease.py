@@ -20,8 +20,8 @@ with no known end, ``-2`` when the key vanished meanwhile), or one of
 :data:`RETRY` and :data:`NOT_HELD`.
 
 A lease that *queues* (:attr:`Lease.queues`: the one-server lease) puts a
-waiter that failed in the lock's queue on the server (DESIGN.md §3.4, the
-scripts in :mod:`aiolock._scripts`): a release then hands the lock straight
+waiter that failed in the lock's queue on the server (docs/server-queue.md,
+the scripts in :mod:`aiolock._scripts`): a release then hands the lock straight
 to the first live waiter. A queued waiter keeps its entry alive with
 :meth:`Lease.refresh` every :attr:`Lease.refresh_every` seconds, and takes
 it out with :meth:`Lease.leave` when it gives up.
@@ -507,7 +507,7 @@ class ServerLease:
     scripts ignore).
 
     It queues: a waiter that failed waits in the lock's queue on the server,
-    and a release hands the lock to the first live waiter (DESIGN.md §3.4).
+    and a release hands the lock to the first live waiter (docs/server-queue.md).
     With ``fair``, every acquisition goes through the queue: no bare first
     ``SET`` that could take a free lock ahead of it, and no local queue (each
     waiting task has an entry of its own, so the order is strict across

@@ -32,7 +32,9 @@ class AsyncLock(LeaseLock):
             start with ``}`` (nor the prefix contain ``{}``): the key's hash
             tag would be empty, and its companion keys in other cluster slots.
         ttl: the lease in seconds: how long the server keeps the lock if the
-            holder dies. Renewal keeps it alive while the holder lives.
+            holder dies. Renewal keeps it alive while the holder lives. One
+            above a day is taken with a ``UserWarning`` (the first in a
+            process): most often it is milliseconds meant.
         timeout: how long :meth:`acquire` waits, in seconds; ``None`` waits
             forever, ``0`` tries once.
         blocking: ``False`` makes :meth:`acquire` try once by default.

@@ -15,8 +15,9 @@ script swaps the token on the server, and the waiter wakes up holding the
 lock (a :class:`Grant`), one round trip instead of two. Such a local run
 yields to waiters in other processes once it has lasted :data:`LOCAL_RUN`
 seconds: the releaser's script then hands the lock to the first live waiter
-of the lock's queue on the server instead, if there is one (DESIGN.md
-§3.4), and the next local task goes to that queue (a :data:`Turn.CONTEND`).
+of the lock's queue on the server instead, if there is one
+(docs/server-queue.md), and the next local task goes to that queue (a
+:data:`Turn.CONTEND`).
 """
 
 from __future__ import annotations

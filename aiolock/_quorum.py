@@ -1,4 +1,4 @@
-"""A quorum of one-server leases: the lease of Redlock (DESIGN.md §7).
+"""A quorum of one-server leases: the lease of Redlock (docs/design.md, Beyond one server).
 
 The algorithm is the one of the Redis documentation's page *Distributed Locks
 with Redis*, with the node calls of a step sent to every node at once:
@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
-from ._checks import MAX_SECONDS, check_seconds, too_long
+from ._checks import MAX_SECONDS, check_seconds, too_long, warn_long_ttl
 from ._lease import NOT_HELD, Call, Extension, Reply, ServerLease, Unanswered
 from ._queue import LocalQueue, queue_for
 from ._timers import Timer
@@ -446,4 +446,6 @@ def check_lease(value: object, node_timeout: float | None, name: str = "ttl") ->
         raise ValueError(
             f"{name} must be longer than node_timeout ({node_timeout!r} s), got {value!r}"
         )
+    if name == "ttl":
+        warn_long_ttl(ttl)
     return ttl

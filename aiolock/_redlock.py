@@ -1,4 +1,4 @@
-"""Redlock: one lock over several independent Redis masters (DESIGN.md §7).
+"""Redlock: one lock over several independent Redis masters (docs/design.md, Beyond one server).
 
 How the quorum is counted is :mod:`aiolock._quorum`; everything else
 (ownership per task, renewal, loss, cancellation) is the engine every lock

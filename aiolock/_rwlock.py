@@ -7,7 +7,7 @@ and :attr:`~ReadWriteLock.writer`, each the lock's engine
 token and lease, renewed, lost, released and undone exactly as an
 ``AsyncLock`` holding. On the server the key is a hash of the holders
 (the scripts in :mod:`aiolock._scripts`); readers and writers wait in one
-queue in arrival order (DESIGN.md §3.4), so once a writer waits, the
+queue in arrival order (docs/server-queue.md), so once a writer waits, the
 readers that come after it wait behind it.
 """
 
@@ -181,6 +181,9 @@ class RWSide(LeaseLock):
                 )
         return await super().acquire(blocking, timeout)
 
+    def _what(self) -> str:
+        return f"the {self.kind} side of ReadWriteLock"
+
     def __repr__(self) -> str:
         return (
             f"<ReadWriteLock {self._name!r} {self.kind} key={self.key!r} ttl={self._ttl} "
@@ -319,6 +322,26 @@ class ReadWriteLock:
         )
         self.reader._other = self.writer
         self.writer._other = self.reader
+
+    if not TYPE_CHECKING:  # to a type checker, `with rw:` stays an error
+
+        def __enter__(self) -> Never:
+            raise TypeError(
+                f"ReadWriteLock {self._name!r} is held through its sides: "
+                "'async with rw.reader:' or 'async with rw.writer:'"
+            )
+
+        def __exit__(self, *exc_info: object) -> None:  # never reached: __enter__ raised
+            raise TypeError(f"ReadWriteLock {self._name!r}: use 'async with rw.reader'")
+
+        async def __aenter__(self) -> Never:
+            raise TypeError(
+                f"ReadWriteLock {self._name!r} is held through its sides: "
+                "'async with rw.reader:' or 'async with rw.writer:'"
+            )
+
+        async def __aexit__(self, *exc_info: object) -> None:  # never reached
+            raise TypeError(f"ReadWriteLock {self._name!r}: use 'async with rw.reader'")
 
     @property
     def name(self) -> str:

@@ -5,7 +5,7 @@ over a lease of its own, :class:`SemaphoreLease`: each permit is a holding
 with its own token and lease, renewed, lost, released and undone exactly
 as an ``AsyncLock`` holding. On the server the key is a sorted set of the
 permits' tokens, scored with when each lease ends (the scripts in
-:mod:`aiolock._scripts`); waiters queue as the lock's do (DESIGN.md §3.4),
+:mod:`aiolock._scripts`); waiters queue as the lock's do (docs/server-queue.md),
 and a release grants the freed permit to the first live one.
 """
 

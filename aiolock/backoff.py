@@ -11,9 +11,11 @@ release notifications on (the default), a waiter also wakes as soon as the
 holder releases; the policy then only bounds how long a waiter trusts the
 notification before it tries again.
 
-The seed article's five strategies map to: spin then yield and yield only:
-:func:`spin`; yield then sleep 200 ms after 600 ms: ``yield_then_sleep(0.6, 0.2)``;
-sleep 200 ms: ``constant(0.2)``; sleep 2 s: ``constant(2.0)``.
+The five retry strategies of the article 「分布式」实现分布式锁的正确姿势 (its
+"seckill" load test, which ``benchmarks.seckill`` reproduces) map to: spin then
+yield and yield only: :func:`spin`; yield then sleep 200 ms after 600 ms:
+``yield_then_sleep(0.6, 0.2)``; sleep 200 ms: ``constant(0.2)``; sleep 2 s:
+``constant(2.0)``.
 
 A plain callable ``attempt -> seconds`` (attempt counts from 1) is accepted
 wherever a policy is, and wrapped with :func:`from_callable`.
@@ -187,8 +189,8 @@ class _FromCallable(Backoff):
 def constant(delay: float) -> Backoff:
     """Sleep the same ``delay`` seconds between attempts.
 
-    ``constant(0.2)`` and ``constant(2.0)`` are the seed article's "sleep
-    200 ms" and "sleep 2 s" strategies.
+    ``constant(0.2)`` and ``constant(2.0)`` are the "sleep 200 ms" and "sleep
+    2 s" strategies of the seckill article (see the module docstring).
 
     Raises:
         ValueError: ``delay`` is negative, not finite, or above ``MAX_SECONDS`` (10**12 s).
@@ -256,8 +258,9 @@ def decorrelated(base: float = 0.005, cap: float = 0.5) -> Backoff:
 def spin() -> Backoff:
     """Retry at once, only yielding to the event loop between attempts.
 
-    The seed article's "spin" and "yield only" strategies: lowest latency,
-    highest load on Redis. Useful as a baseline, rarely in production.
+    The seckill article's "spin" and "yield only" strategies (see the module
+    docstring): lowest latency, highest load on Redis. Useful as a baseline,
+    rarely in production.
     """
     return _Constant(0.0)
 
@@ -265,7 +268,8 @@ def spin() -> Backoff:
 def yield_then_sleep(window: float = 0.6, interval: float = 0.2) -> Backoff:
     """Spin (delay 0) for ``window`` seconds of waiting, then sleep ``interval`` each time.
 
-    ``yield_then_sleep(0.6, 0.2)`` is the seed article's second strategy.
+    ``yield_then_sleep(0.6, 0.2)`` is the seckill article's second strategy (see
+    the module docstring).
 
     Raises:
         ValueError: ``window`` or ``interval`` is negative or not finite, or

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics for aiolock (the ``otel`` extra: ``pip install aiolock[otel]``).
+"""OpenTelemetry metrics for aiolock (the ``otel`` extra: ``pip install aiolock-redis[otel]``).
 
 ::
 
@@ -40,7 +40,7 @@ try:
     from opentelemetry import metrics
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "aiolock.otel needs the OpenTelemetry API: pip install 'aiolock[otel]'"
+        "aiolock.otel needs the OpenTelemetry API: pip install 'aiolock-redis[otel]'"
     ) from exc
 
 if TYPE_CHECKING:

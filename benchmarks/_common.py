@@ -8,7 +8,13 @@ Every benchmark uses the same pieces:
 * :class:`CountingConnection` counts the commands a client sends (round trips);
 * :func:`server_commands` sums ``INFO commandstats`` (every command the server ran);
 * :func:`percentiles`, :func:`count_overlaps`, :func:`print_table`, :func:`write_json`
-  and :func:`out_dir` turn measurements into reports.
+  and :func:`out_dir` turn measurements into reports;
+* :func:`mark` labels a target's line (``PASS``, ``FAIL``, or ``info`` at the
+  ``--quick`` size, which judges no target) and :func:`finish` gives the exit
+  status: 1 for a failed correctness check, :data:`EXIT_MISSED` for a missed target.
+
+Results go to ``benchmarks/out/`` (untracked) unless ``--out`` says otherwise;
+``--out benchmarks/results`` (``make bench-update``) rewrites the committed ones.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from redis.asyncio import Connection, Redis
 from redis.typing import EncodableT
@@ -33,7 +39,9 @@ from aiolock.testing import RedisServer
 
 __all__ = [
     "DEFAULT_OUT",
+    "EXIT_MISSED",
     "PERCENTILES",
+    "RESULTS",
     "CountingConnection",
     "add_common_args",
     "count_overlaps",
@@ -41,6 +49,7 @@ __all__ = [
     "embedded_server",
     "finish",
     "fmt_ms",
+    "mark",
     "out_dir",
     "percentiles",
     "print_table",
@@ -52,8 +61,15 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Where results go unless ``--out`` says otherwise.
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+#: Where results go unless ``--out`` says otherwise: untracked (in .gitignore).
+DEFAULT_OUT = Path(__file__).resolve().parent / "out"
+
+#: The committed results the README and the docs show: ``--out`` names it to rewrite them.
+RESULTS = Path(__file__).resolve().parent / "results"
+
+#: The exit status of a run that checked itself and found nothing wrong, but missed a
+#: target (a ``FAIL`` line). 1 is a failed correctness check or an error; 2 is bad usage.
+EXIT_MISSED: Final = 3
 
 #: The percentiles ``ab`` prints, plus the maximum (100).
 PERCENTILES: tuple[int, ...] = (50, 66, 75, 80, 90, 95, 98, 99, 100)
@@ -73,13 +89,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny sizes: finishes in a few seconds (smoke test)",
+        help="tiny sizes: finishes in a few seconds (smoke test); too small to judge the "
+        "targets, which are shown as info",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=DEFAULT_OUT,
-        help=f"directory for the .png and .json results (default: {DEFAULT_OUT})",
+        help=f"directory for the .png and .json results (default: {DEFAULT_OUT}, untracked; "
+        f"{RESULTS} holds the committed ones)",
     )
     parser.add_argument(
         "--loop",
@@ -328,15 +346,39 @@ class Stopwatch:
         self.elapsed = time.perf_counter() - self.started
 
 
-def finish(module: str, argv: Sequence[str], chart: Path, data: Path, overlaps: int) -> int:
+def mark(passed: bool, quick: bool) -> str:
+    """The word a target's line starts with: ``PASS``, ``FAIL``, or ``info`` with ``--quick``.
+
+    The ``--quick`` sizes are a smoke test: a handful of samples judges no target.
+    """
+    if quick:
+        return "info"
+    return "PASS" if passed else "FAIL"
+
+
+def finish(
+    module: str, argv: Sequence[str], chart: Path, data: Path, overlaps: int, missed: int = 0
+) -> int:
     """Say where the results went and how to reproduce them; the exit status.
 
+    Args:
+        module: the benchmark's module name.
+        argv: the options it was given.
+        chart: the chart written.
+        data: the JSON written.
+        overlaps: holdings that overlapped (two holders at once).
+        missed: targets missed (``FAIL`` lines; none is judged with ``--quick``).
+
     Returns:
-        1 if any holdings overlapped (two holders at once), else 0.
+        1 if any holdings overlapped, else :data:`EXIT_MISSED` if a target was
+        missed, else 0.
     """
     print(f"wrote {chart} and {data}")
     print(f"reproduce: {repro_command(module, argv)}")
     if overlaps:
         print(f"ERROR: {overlaps} overlapping holdings (two holders at once)", file=sys.stderr)
         return 1
+    if missed:
+        print(f"FAIL: {missed} target(s) missed (see the FAIL lines above)", file=sys.stderr)
+        return EXIT_MISSED
     return 0

@@ -1,4 +1,7 @@
-"""The FastAPI "seckill" endpoint behind ``benchmarks.seckill`` (after the seed article's).
+"""The FastAPI "seckill" endpoint behind ``benchmarks.seckill``.
+
+It follows the endpoint load-tested by the article 「分布式」实现分布式锁的正确姿势,
+whose experiment ``benchmarks.seckill`` reproduces.
 
 Every ``POST /buy`` takes one aiolock :class:`~aiolock.AsyncLock` named ``seckill``,
 reads the stock counter (``GET``), and when some is left decrements it and counts
@@ -60,7 +63,7 @@ class Strategy:
 
     Attributes:
         label: the row's name in tables and charts.
-        description: what the strategy does, in the seed article's words.
+        description: what the strategy does, in the article's words.
         options: keyword arguments for :class:`~aiolock.AsyncLock`.
     """
 
@@ -69,7 +72,7 @@ class Strategy:
     options: Callable[[], dict[str, Any]]
 
 
-#: The seed article's five retry strategies (pure polling: ``notify=False``), then
+#: The article's five retry strategies (pure polling: ``notify=False``), then
 #: aiolock's defaults (release notifications and exponential backoff).
 STRATEGIES: dict[str, Strategy] = {
     "no1": Strategy(

@@ -168,7 +168,7 @@ class WorkerConfig:
         socket_timeout: the lock client's socket (and connect) timeout.
         long_hold: the probability that a holding pauses for a large part of
             the lease (so renewal runs, and faults catch holders mid-write).
-        seed: the seed of the coroutines' random choices.
+        draw: the number the coroutines draw their random choices from.
         loop: ``"asyncio"`` or ``"uvloop"``.
         deadline: a ``time.monotonic()`` after which the worker exits by
             itself whatever happens (the coordinator's hard bound).
@@ -184,7 +184,7 @@ class WorkerConfig:
     acquire_timeout: float
     socket_timeout: float
     long_hold: float
-    seed: int
+    draw: int
     loop: str
     deadline: float
     drain: float
@@ -357,7 +357,7 @@ class _Worker:
     async def coroutine(self, index: int) -> None:
         """Take random locks and do checked read-modify-writes until told to stop."""
         config = self.config
-        rng = random.Random(f"{config.seed}:{config.worker}:{index}")
+        rng = random.Random(f"{config.draw}:{config.worker}:{index}")
         locks: dict[str, AsyncLock] = {}
         sequence = 0
         while not self.stopping:

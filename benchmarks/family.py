@@ -26,7 +26,8 @@ limit (the run exits 1 if it does). Reported: acquisitions per second,
 wait percentiles (asking to holding), server commands per acquisition, the
 most holders seen at once. Targets: the semaphore of one permit within 1.1x
 of AsyncLock's throughput; at every limit, the semaphore ahead of the floor
-in throughput, with a lower p99 wait.
+in throughput, with a lower p99 wait (the run exits 3 if one is missed; the
+``--quick`` sizes judge none).
 
 Run ``python -m benchmarks.family`` (``--quick`` for a smoke run).
 """
@@ -57,6 +58,7 @@ from ._common import (
     add_common_args,
     embedded_server,
     finish,
+    mark,
     out_dir,
     print_table,
     repro_command,
@@ -318,7 +320,7 @@ def _limits(text: str) -> tuple[int, ...]:
     return limits
 
 
-def _targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
+def _targets(rows: Sequence[Row], quick: bool) -> list[dict[str, Any]]:
     targets: list[dict[str, Any]] = []
     by = {(r.limit, r.subject): r for r in rows}
     one = by.get((1, "semaphore 1"))
@@ -328,7 +330,7 @@ def _targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
         passed = share >= TARGET_SHARE
         targets.append({"name": "semaphore 1 vs AsyncLock", "passed": passed, "share": share})
         print(
-            f"{'PASS' if passed else 'FAIL'}  a semaphore of 1 permit has {share:.2f}x "
+            f"{mark(passed, quick)}  a semaphore of 1 permit has {share:.2f}x "
             f"AsyncLock's throughput (target >= {TARGET_SHARE:.2f}x, i.e. within 1.1x)"
         )
     for limit in sorted({r.limit for r in rows}):
@@ -347,7 +349,7 @@ def _targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
             }
         )
         print(
-            f"{'PASS' if faster and calmer else 'FAIL'}  limit {limit}: semaphore "
+            f"{mark(faster and calmer, quick)}  limit {limit}: semaphore "
             f"{sem.acq_per_s:.0f} acq/s, p99 {sem.wait_ms[99]:.1f} ms; floor "
             f"{floor.acq_per_s:.0f} acq/s, p99 {floor.wait_ms[99]:.1f} ms"
         )
@@ -385,7 +387,7 @@ def _chart(path: Path, rows: Sequence[Row]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the family benchmark; return 1 if more holders than the limit were seen at once.
+    """Run the family benchmark; 1 if more holders than the limit held at once, 3 on a miss.
 
     Args:
         argv: command-line options (``sys.argv[1:]`` when None).
@@ -451,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in reads
         ],
     )
-    targets = _targets(rows)
+    targets = _targets(rows, args.quick)
     writer_ms = {
         "p50": statistics.median(waits) * 1000,
         "max": max(waits) * 1000,
@@ -460,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed = writer_ms["max"] <= 1000
     targets.append({"name": "writer behind readers within 1 s", "passed": passed, **writer_ms})
     print(
-        f"{'PASS' if passed else 'FAIL'}  a writer behind 8 readers reading without a gap "
+        f"{mark(passed, args.quick)}  a writer behind 8 readers reading without a gap "
         f"got in within {writer_ms['max']:.0f} ms at most (p50 {writer_ms['p50']:.0f} ms; "
         "target 1 s)"
     )
@@ -482,7 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "overlaps": over,
         },
     )
-    return finish(MODULE, argv_list, chart, directory / f"{NAME}.json", over)
+    missed = 0 if args.quick else sum(not target["passed"] for target in targets)
+    return finish(MODULE, argv_list, chart, directory / f"{NAME}.json", over, missed)
 
 
 if __name__ == "__main__":

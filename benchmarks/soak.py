@@ -59,7 +59,7 @@ WARN lines and kept in the JSON).
 
     .venv/bin/python -m benchmarks.soak                  # 300 s (at most 600)
     .venv/bin/python -m benchmarks.soak --quick          # ~20 s smoke run
-    .venv/bin/python -m benchmarks.soak --duration 120 --seed 7
+    .venv/bin/python -m benchmarks.soak --duration 120 --draw 7
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class Config:
         fault_gap: the range of seconds between two faults.
         fault_length: how long a timed fault lasts, in leases.
         long_hold: the probability of a holding that pauses for much of its lease.
-        seed: the seed of every random choice.
+        draw: the number every random choice is drawn from.
         loop: ``"asyncio"`` or ``"uvloop"``.
     """
 
@@ -222,7 +222,7 @@ class Config:
     fault_gap: tuple[float, float]
     fault_length: float
     long_hold: float
-    seed: int
+    draw: int
     loop: str
 
     @property
@@ -474,7 +474,7 @@ async def _final_state(
 
 async def _soak(config: Config) -> dict[str, Any]:
     """Run the servers, the proxy, the workers and the faults; return the raw results."""
-    rng = random.Random(config.seed)
+    rng = random.Random(config.draw)
     names = tuple(f"soak-{i:02d}" for i in range(config.names))
     context = multiprocessing.get_context("spawn")
     results: multiprocessing.queues.Queue[Any] = context.Queue()
@@ -513,7 +513,7 @@ async def _soak(config: Config) -> dict[str, Any]:
                     acquire_timeout=config.acquire_timeout,
                     socket_timeout=config.socket_timeout,
                     long_hold=config.long_hold,
-                    seed=config.seed,
+                    draw=config.draw,
                     loop=config.loop,
                     deadline=hard_deadline,
                     drain=config.drain,
@@ -964,7 +964,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config
         fault_gap=gap,
         fault_length=args.fault_length,
         long_hold=args.long_hold,
-        seed=args.seed if args.seed is not None else secrets.randbelow(2**31),
+        draw=args.draw if args.draw is not None else secrets.randbelow(2**31),
         loop=args.loop,
     )
 
@@ -1019,15 +1019,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.01,
         help="probability that a holding pauses for much of its lease (default 0.01)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed of every random choice")
+    parser.add_argument(
+        "--draw", type=int, default=None, help="the number every random choice is drawn from"
+    )
     args = parser.parse_args(argv)
     config = _config(args, parser)
     argv_list = list(sys.argv[1:] if argv is None else argv)
-    if args.seed is None:
-        argv_list += ["--seed", str(config.seed)]
+    if args.draw is None:
+        argv_list += ["--draw", str(config.draw)]
     directory = out_dir(args)
     print(
-        f"soak (loop={config.loop}{', quick' if args.quick else ''}, seed {config.seed}): "
+        f"soak (loop={config.loop}{', quick' if args.quick else ''}, draw {config.draw}): "
         f"lock server behind a fault proxy, resource server unfaulted",
         flush=True,
     )

@@ -28,17 +28,23 @@ What is idiomatic here:
   :class:`~aiolock.LockLostError` (the lease ran out while the handler ran) to
   503 saying the outcome is unknown. Sold out is 409.
 
-Run it against a server (``AIOLOCK_URL``, default ``redis://127.0.0.1:6379/0``)::
+Run it, from a checkout with the ``examples`` extra installed (``pip install
+".[examples]"``): a server, the partner's stand-in, the app, then requests
+(``tests/test_examples.py`` runs these lines as written)::
 
-    AIOLOCK_URL=redis://127.0.0.1:6379/0 python examples/aiohttp_app.py
+    aiolock server &
+    python examples/partner.py &
+    AIOLOCK_URL=redis://127.0.0.1:6379/0 python examples/aiohttp_app.py &
     curl -X POST 'localhost:8080/items/phone/restock?quantity=10'
     curl -X POST 'localhost:8080/items/phone/buy'
-
-The partner's API is at ``PARTNER_URL`` (default ``http://127.0.0.1:9000``;
-``GET /quotes/{item_id}`` answers ``{"item": ..., "price": ...}``), called
-with an ``aiohttp`` client session made and closed by a ``cleanup_ctx`` too::
-
     curl 'localhost:8080/partner/phone'
+
+The app talks to the server at ``AIOLOCK_URL`` (default
+``redis://127.0.0.1:6379/0``) and listens on ``PORT`` (default 8080). The
+partner's API is at ``PARTNER_URL`` (default ``http://127.0.0.1:9000``, where
+``examples/partner.py`` serves a stand-in): ``GET /quotes/{item_id}``
+answers ``{"item": ..., "price": ...}``, called with an ``aiohttp`` client
+session made and closed by a ``cleanup_ctx`` too.
 
 ``create_app(url, unlocked_demo=True)`` adds ``POST /items/{item_id}/buy-unlocked``,
 the same purchase without the lock. It exists to show (and to test) that
@@ -289,4 +295,5 @@ if __name__ == "__main__":
             settings=Settings(partner_url=os.environ.get("PARTNER_URL", Settings.partner_url)),
         ),
         host="127.0.0.1",
+        port=int(os.environ.get("PORT", "8080")),
     )

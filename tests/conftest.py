@@ -1,4 +1,4 @@
-"""Shared fixtures: real servers (DESIGN.md §8), clients, unique names, leak checks.
+"""Shared fixtures: real servers (never mocks: docs/design.md), clients, unique names, leak checks.
 
 Every async test runs twice: on the default asyncio loop and on uvloop
 (``pytest_asyncio_loop_factories``).

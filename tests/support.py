@@ -47,6 +47,7 @@ __all__ = [
     "cancel_once_the_key_exists",
     "connected",
     "connections_made",
+    "draw",
     "eventually",
     "finish",
     "in_use_connections",
@@ -60,7 +61,6 @@ __all__ = [
     "other_tasks",
     "pid_gone",
     "run_on",
-    "seed",
     "serve_with_uvicorn",
     "started_servers",
     "the_miss",
@@ -131,10 +131,10 @@ def needs(feature: str) -> pytest.MarkDecorator:
     )
 
 
-def seed() -> int:
-    """A fresh random seed, or the one in ``AIOLOCK_TEST_SEED`` to replay a failure."""
-    given_seed = os.environ.get("AIOLOCK_TEST_SEED")
-    return int(given_seed) if given_seed else random.randrange(2**32)
+def draw() -> int:
+    """A fresh random draw, or the one in ``AIOLOCK_TEST_DRAW`` to replay a failure."""
+    given = os.environ.get("AIOLOCK_TEST_DRAW")
+    return int(given) if given else random.randrange(2**32)
 
 
 # --- polling -------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ async def wait_for_paused_client(admin: redis.Redis) -> None:
 
     Measured on valkey 8.1: ``INFO clients`` shows ``blocked_clients: 1`` and
     ``paused_reason: client_pause`` (``CLIENT LIST`` shows the client with flag
-    ``b`` and ``cmd=evalsha``). Redis 7.0 has no ``paused_reason`` (issue 17):
+    ``b`` and ``cmd=evalsha``). Redis 7.0 has no ``paused_reason``:
     there ``blocked_clients`` alone says it (these tests block on nothing else).
     """
 

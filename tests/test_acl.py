@@ -1,4 +1,4 @@
-"""A least-privilege user: locks work, and tell the truth, without pub/sub rights (issue 17).
+"""A least-privilege user: locks work, and tell the truth, without pub/sub rights.
 
 And the ACL recipe of docs/production.md: its user, exactly as written, runs
 every primitive with notifications, and is refused what the recipe leaves out.
@@ -49,7 +49,7 @@ async def restricted(server: RedisServer, admin: redis.Redis) -> AsyncIterator[r
 
 
 async def test_the_user_really_has_no_channel_rights(restricted: redis.Redis) -> None:
-    """The fixture is what the tests claim: PUBLISH by this user is refused (issue 17)."""
+    """The fixture is what the tests claim: PUBLISH by this user is refused."""
     with pytest.raises(redis.ResponseError, match=r"(?i)permission"):
         await restricted.publish("aiolock:{x}:released", "")
 
@@ -57,7 +57,7 @@ async def test_the_user_really_has_no_channel_rights(restricted: redis.Redis) ->
 async def test_a_release_that_deleted_the_key_returns_normally(
     restricted: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Regression (issue 17): a user without channel rights releases without an error.
+    """Regression: a user without channel rights releases without an error.
 
     The release script deleted the key and then had its announcement refused;
     it used to raise ``ResponseError: ACL failure in script`` although the lock
@@ -80,7 +80,7 @@ async def test_a_waiter_of_the_user_gets_the_lock_by_polling_and_one_warning_say
     name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Regression (issue 17): a refused subscription degrades to polling, with one WARNING.
+    """Regression: a refused subscription degrades to polling, with one WARNING.
 
     The warning names the channel right to grant and ``notify=False``, and no
     longer says that waiters poll "until the connection is back" (it never is).
@@ -114,7 +114,7 @@ async def test_a_waiter_of_the_user_gets_the_lock_by_polling_and_one_warning_say
 async def test_a_local_run_of_the_user_hands_over_and_yields_without_errors(
     restricted: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Regression (issue 17): hand-overs of such a user, yielding included, raise nothing.
+    """Regression: hand-overs of such a user, yielding included, raise nothing.
 
     A run of local hand-overs longer than LOCAL_RUN counts the channel's
     listeners and may announce a release; both are refused to this user and

@@ -1,4 +1,4 @@
-"""Bad arguments fail at once, clearly, and touch nothing (DESIGN.md §1).
+"""Bad arguments fail at once, clearly, and touch nothing (docs/design.md, The public contract).
 
 "Bad arguments (ttl <= 0 or not finite, empty name, negative timeout, a backoff
 that yields negative or NaN delays, a client that is not redis.asyncio) fail at
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,8 +30,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from support import all_keys, connections_made, eventually, names, names_value, other_tasks
 
-from aiolock import AsyncLock, backoff
-from aiolock._checks import MAX_SECONDS
+from aiolock import AsyncLock, ReadWriteLock, Redlock, Semaphore, _checks, backoff
+from aiolock._checks import LONG_TTL, MAX_SECONDS
 from aiolock._keys import Keys
 from aiolock._lease import ENTRY_CAP
 from aiolock.testing import RedisServer, free_port
@@ -156,7 +157,7 @@ async def test_good_values_are_accepted_and_normalized(
     await assert_nothing_left(client, admin, name)
 
 
-# --- durations the server can store (issue 17) ---------------------------------------------------
+# --- durations the server can store --------------------------------------------------------------
 
 #: The next float above the longest duration aiolock sends to the server.
 ABOVE_MAX = math.nextafter(MAX_SECONDS, math.inf)
@@ -170,7 +171,7 @@ def names_the_limit(arg: str, value: object) -> str:
 async def test_replica_timeout_beyond_what_wait_takes_fails_at_construction(
     client: redis.asyncio.Redis, admin: redis.asyncio.Redis, name: str
 ) -> None:
-    """Issue 17: replica_timeout above MAX_SECONDS (WAIT's milliseconds) is a ValueError."""
+    """replica_timeout above MAX_SECONDS (WAIT's milliseconds) is a ValueError."""
     for value in (ABOVE_MAX, 1e16):
         with pytest.raises(ValueError, match=names_the_limit("replica_timeout", value)):
             AsyncLock(client, name, replicas=1, replica_timeout=value)
@@ -212,7 +213,7 @@ async def test_a_built_in_policy_pausing_longer_than_the_server_keeps_is_refused
     admin: redis.asyncio.Redis,
     name: str,
 ) -> None:
-    """Issue 17: a built-in policy's delay above MAX_SECONDS fails in its factory, naming it."""
+    """A built-in policy's delay above MAX_SECONDS fails in its factory, naming it."""
     for value in (ABOVE_MAX, 1e16):
         with pytest.raises(ValueError, match=names_the_limit(parameter, value)):
             AsyncLock(client, name, backoff=factory(value))
@@ -227,7 +228,7 @@ async def test_the_longest_backoff_delay_is_accepted_and_the_waiter_still_gets_i
     name: str,
     no_leaks: None,
 ) -> None:
-    """Issue 17: a waiter pausing MAX_SECONDS queues (its entry lives ENTRY_CAP) and gets the lock.
+    """A waiter pausing MAX_SECONDS queues (its entry lives ENTRY_CAP) and gets the lock.
 
     Above MAX_SECONDS the policy is refused. The pause no longer sets any
     lifetime on the server (the waiting marker's did): the entry lives
@@ -359,3 +360,87 @@ async def test_backoff_going_bad_after_good_delays_fails_at_construction(
         AsyncLock(client, name, backoff=policy)
     assert calls[:2] == [1, 2]
     await assert_nothing_left(client, admin, name)
+
+
+# --- a plain `with` -------------------------------------------------------------------------------
+
+
+async def test_a_plain_with_is_a_type_error_that_says_async_with(
+    client: redis.asyncio.Redis, admin: redis.asyncio.Redis, name: str
+) -> None:
+    """`with lock:` on any primitive: a TypeError naming it and saying `async with`; nothing sent.
+
+    Not Python's generic "does not support the context manager protocol". To a
+    type checker the plain `with` stays an error (the ignore below is needed).
+    """
+    rw = ReadWriteLock(client, name)
+    locks: list[tuple[str, Any]] = [
+        ("AsyncLock", AsyncLock(client, name)),
+        ("Semaphore", Semaphore(client, name, limit=2)),
+        ("the reader side of ReadWriteLock", rw.reader),
+        ("the writer side of ReadWriteLock", rw.writer),
+        ("Redlock", Redlock([client], name)),
+    ]
+    for what, lock in locks:
+        entered = False
+        said = rf"^{re.escape(f'{what} {name!r}')}.*'async with'"
+        with pytest.raises(TypeError, match=said), lock:
+            entered = True
+        assert not entered, what
+    typed = AsyncLock(client, name)
+    with pytest.raises(TypeError, match=r"AsyncLock.*'async with', not 'with'"), typed:  # type: ignore[attr-defined]
+        pass
+    # The read-write lock itself is held through its sides: either `with` says so.
+    whole: Any = rw
+    sides = r"'async with rw\.reader:' or 'async with rw\.writer:'"
+    with pytest.raises(TypeError, match=sides), whole:
+        pass
+    with pytest.raises(TypeError, match=sides):
+        async with whole:
+            pass
+    await assert_nothing_left(client, admin, name)
+
+
+# --- a ttl above a day ----------------------------------------------------------------------------
+
+
+def test_a_ttl_above_a_day_is_taken_with_one_warning_per_process(
+    client: redis.asyncio.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ttl=100000 (milliseconds meant?) makes the lock, warning once per process that ttl is in s.
+
+    The warning shows the value and the lease it makes, and points at the
+    caller's line. The next lock with a huge ttl (any primitive) does not warn
+    again; a day exactly, or a long max_hold, never does.
+    """
+    monkeypatch.setattr(_checks, "_long_ttl_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AsyncLock(client, name, ttl=LONG_TTL, max_hold=10 * LONG_TTL)
+        Semaphore(client, name, limit=2, ttl=LONG_TTL)
+    assert caught == []
+    with pytest.warns(UserWarning, match=r"^ttl=100000 is in seconds") as warned:
+        lock = AsyncLock(client, name, ttl=100_000)
+    assert lock.ttl == 100_000
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert message.startswith("ttl=100000 is in seconds: a lease of 27.8 hours"), message
+    assert "ttl=100.0" in message, message  # what milliseconds would have been
+    assert warned[0].filename == __file__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AsyncLock(client, name, ttl=200_000)
+        Semaphore(client, name, limit=2, ttl=1e7)
+        ReadWriteLock(client, name, ttl=1e7)
+        Redlock([client], name, ttl=1e7)
+    assert caught == []
+    makers: list[Callable[[], object]] = [
+        lambda: Semaphore(client, name, limit=2, ttl=1e7),
+        lambda: ReadWriteLock(client, name, ttl=1e7),
+        lambda: Redlock([client], name, ttl=1e7),
+    ]
+    for make in makers:  # each primitive warns (the first in a process)
+        monkeypatch.setattr(_checks, "_long_ttl_warned", False)
+        said = r"^ttl=10000000 is in seconds: a lease of 115\.7 days"
+        with pytest.warns(UserWarning, match=said):
+            make()

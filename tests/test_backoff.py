@@ -1,4 +1,4 @@
-"""Backoff policies (DESIGN.md §3.1): sequences, freshness, argument checks, properties.
+"""Backoff policies (docs/design.md): sequences, freshness, argument checks, properties.
 
 Pure tests: no server. Each policy is a factory of delay iterators; these tests
 read the iterators directly.
@@ -489,29 +489,29 @@ def test_property_from_callable_passes_valid_delays_through(values: list[float])
     assert delays == [values[i % len(values)] for i in range(50)]
 
 
-# --- the seed article's strategies (module docstring) ---------------------------------------------
+# --- the seckill article's strategies (module docstring) ------------------------------------------
 
 
-def test_seed_mapping_is_documented() -> None:
-    """The module docstring maps the seed's five strategies to these policies."""
+def test_the_article_mapping_is_documented() -> None:
+    """The module docstring maps the seckill article's five strategies to these policies."""
     doc = backoff.__doc__ or ""
     for expression in ("spin", "yield_then_sleep(0.6, 0.2)", "constant(0.2)", "constant(2.0)"):
         assert expression in doc
 
 
-def test_seed_strategies_sleep_200ms_and_2s() -> None:
-    """Seed No3 and No4: constant(0.2) and constant(2.0) sleep 200 ms and 2 s each time."""
+def test_article_strategies_sleep_200ms_and_2s() -> None:
+    """The article's No3 and No4: constant(0.2) and constant(2.0) sleep 200 ms and 2 s each time."""
     assert take(backoff.constant(0.2), 5) == [0.2] * 5
     assert take(backoff.constant(2.0), 5) == [2.0] * 5
 
 
-def test_seed_strategies_spin_and_yield_only() -> None:
-    """Seed No1 and No5: spin() only yields to the loop."""
+def test_article_strategies_spin_and_yield_only() -> None:
+    """The article's No1 and No5: spin() only yields to the loop."""
     assert take(backoff.spin(), 10) == [0.0] * 10
 
 
-def test_seed_strategy_yield_then_sleep_after_600ms() -> None:
-    """Seed No2: yield_then_sleep(0.6, 0.2) spins for 600 ms of waiting, then sleeps 200 ms."""
+def test_article_strategy_yield_then_sleep_after_600ms() -> None:
+    """Its No2: yield_then_sleep(0.6, 0.2) spins for 600 ms of waiting, then sleeps 200 ms."""
     iterator = backoff.yield_then_sleep(0.6, 0.2).delays()
     before = time.monotonic()
     assert next(iterator) == 0.0
@@ -524,8 +524,8 @@ def test_seed_strategy_yield_then_sleep_after_600ms() -> None:
     assert [next(iterator) for _ in range(3)] == [0.2] * 3
 
 
-def test_seed_strategy_defaults_of_yield_then_sleep() -> None:
-    """yield_then_sleep() defaults to the seed's window 0.6 s and interval 0.2 s."""
+def test_article_strategy_defaults_of_yield_then_sleep() -> None:
+    """yield_then_sleep() defaults to the article's window 0.6 s and interval 0.2 s."""
     signature = inspect.signature(backoff.yield_then_sleep)
     assert signature.parameters["window"].default == 0.6
     assert signature.parameters["interval"].default == 0.2

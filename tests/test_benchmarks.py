@@ -8,6 +8,7 @@ writes its table data and chart.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,12 @@ import pytest
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The committed results (the docs' charts): only ``--out benchmarks/results`` writes there.
+RESULTS = ROOT / "benchmarks" / "results"
+#: Where a run without ``--out`` writes (untracked).
+DEFAULT_OUT = ROOT / "benchmarks" / "out"
+#: The exit status of a benchmark that missed a target (and found nothing wrong).
+EXIT_MISSED = 3
 
 
 def run_module(label: str, module: str, *args: str, timeout: float) -> None:
@@ -79,7 +86,7 @@ def test_compare_runs_w1_against_head(tmp_path: Path) -> None:
 def test_the_waiting_benchmark_runs_and_its_figures_hold(tmp_path: Path) -> None:
     """benchmarks.waiting with 40 clients: at most 1 command/s per waiter, 12 per hand-off.
 
-    The queue's waiting cost (issue 13) at a small size: every waiter is
+    The queue's waiting cost (docs/server-queue.md) at a small size: every waiter is
     queued, they refresh their entries and nothing else, and the lock then
     passes through all of them without overlap, leaving nothing.
     """
@@ -95,3 +102,124 @@ def test_the_waiting_benchmark_runs_and_its_figures_hold(tmp_path: Path) -> None
     assert data["commands_per_handoff"] <= 12.0
     assert data["overlaps"] == 0
     assert data["keys_left"] == []
+
+
+def _results_state() -> tuple[dict[str, tuple[int, int]], str]:
+    """Every committed result's size and mtime, and what git says of the folder."""
+    files = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in RESULTS.iterdir()}
+    git = ""
+    if _in_git_checkout():
+        git = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", str(RESULTS)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    return files, git
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_out_writes_nothing_under_benchmarks_results() -> None:
+    """Without --out a benchmark writes to benchmarks/out/ (ignored by git), not the results.
+
+    So `make bench` leaves the committed charts and figures alone (`make
+    bench-update` rewrites them). At the --quick size no target is judged: the
+    lines say info, and the run exits 0.
+    """
+    before = _results_state()
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.waiting", "--quick"),
+            *("--clients", "20", "--processes", "1", "--window", "1"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    said = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, said
+    assert _results_state() == before, "a run without --out changed benchmarks/results/"
+    assert f"wrote {DEFAULT_OUT / 'waiting.json'}" in done.stdout, said
+    assert json.loads((DEFAULT_OUT / "waiting.json").read_text())["clients"] == 20
+    assert "FAIL" not in done.stdout, said
+    assert "info  at most 12 commands per hand-off" in done.stdout, said
+    if _in_git_checkout():
+        ignored = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "-q", str(DEFAULT_OUT / "waiting.json")],
+            check=False,
+        )
+        assert ignored.returncode == 0, "benchmarks/out/ is not in .gitignore"
+
+
+@pytest.mark.timeout(120)
+def test_a_missed_target_is_a_fail_line_and_a_nonzero_exit(tmp_path: Path) -> None:
+    """A full-size run that misses a target prints FAIL and exits 3 (1 is kept for errors).
+
+    benchmarks.waiting at a small but judged size (no --quick), with its
+    hand-off bound set to 0 commands, which no hand-off meets.
+    """
+    code = (
+        "import sys, benchmarks.waiting as w; w.TARGET_HANDOFF = 0.0; "
+        "sys.exit(w.main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-c", code, "--clients", "20", "--processes", "1"),
+            *("--window", "1", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    said = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == EXIT_MISSED, said
+    assert "FAIL  at most 0 commands per hand-off" in done.stdout, said
+    assert (tmp_path / "waiting.json").is_file()
+
+
+def test_python_m_benchmarks_exits_nonzero_when_one_misses_a_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`make bench`'s runner: 3 when a benchmark missed a target, 1 when one failed, else 0.
+
+    The benchmarks are stood in for by functions returning those statuses.
+    """
+    monkeypatch.syspath_prepend(str(ROOT))
+    runner = importlib.import_module("benchmarks.__main__")
+    assert importlib.import_module("benchmarks._common").EXIT_MISSED == EXIT_MISSED
+    codes = dict.fromkeys(runner.BENCHMARKS, 0)
+    monkeypatch.setattr(runner, "_load", lambda name: lambda argv: codes[name])
+    options = ["--quick", "--out", str(tmp_path)]
+    assert runner.main(options) == 0
+    codes["handoff"] = EXIT_MISSED
+    assert runner.main(options) == EXIT_MISSED
+    codes["redlock"] = 1
+    assert runner.main(options) == 1
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "benchmarks",
+        *(f"benchmarks.{name}" for name in ("contention", "handoff", "seckill", "redlock")),
+        *(f"benchmarks.{name}" for name in ("family", "waiting", "scale", "soak", "compare")),
+    ],
+)
+def test_every_benchmark_still_answers_help(module: str) -> None:
+    """`python -m benchmarks.NAME --help` exits 0; each names benchmarks/out/ as the default."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    if module != "benchmarks.compare":  # it writes to a temporary folder, or to --json
+        # argparse wraps its lines, at a hyphen too: compared without any white space.
+        assert "".join(str(DEFAULT_OUT).split()) in "".join(done.stdout.split()), done.stdout

@@ -1,9 +1,9 @@
-"""Cancellation safety (DESIGN.md §5 and §5b), proved against real servers.
+"""Cancellation safety (docs/design.md, Cancellation safety), proved against real servers.
 
 The two windows of an acquire and of a release (*before the server ran the
 command*, *after it ran, before the reply*) are proved once for every primitive
 in ``test_contract.py``. Here: redis-py's own lock leaking in the second window,
-every kind of cancellation while waiting, cancelled bodies, a seeded
+every kind of cancellation while waiting, cancelled bodies, a randomized
 cancellation storm (plus a hypothesis variant), and the CPython 3.11 gh-86296
 pitfall, provoked for real.
 """
@@ -186,11 +186,11 @@ async def test_every_kind_of_cancellation_while_waiting_leaks_nothing(
     assert await holder.acquire()
     holder_token = await admin.get(holder.key)
     waiter = AsyncLock(client, name)
-    seed = support.seed()
-    rng = random.Random(seed)
+    draw = support.draw()
+    rng = random.Random(draw)
     delays = [0.0, 0.0005, *(rng.uniform(0, 0.02) for _ in range(6))]
     for delay in delays:
-        why = f"kind={kind} delay={delay:.4f} seed={seed}"
+        why = f"kind={kind} delay={delay:.4f} draw={draw}"
         await _KINDS[kind](waiter, delay)
         assert await admin.get(holder.key) == holder_token, why
         assert await admin.pttl(holder.key) > 25_000, why
@@ -351,12 +351,12 @@ async def _run_storm(
 
     async def worker(index: int, plan: list[tuple[float, float, float, str]]) -> None:
         c = clients[index % len(clients)]
-        # Some workers share one lock object per client (DESIGN.md §6), others have their own.
+        # Some workers share one lock object per client (as a module-level lock), others own one.
         lock = shared[index % len(clients)] if index % shared_every == 0 else AsyncLock(c, name)
         try:
             for acquire_cut, body_cut, hold, form in plan:
                 await _storm_cycle(storm, lock, acquire_cut, body_cut, hold, form)
-        except Exception as exc:  # reported by the test, with the seed
+        except Exception as exc:  # reported by the test, with the draw
             storm.errors.append(exc)
 
     async with anyio.create_task_group() as tg:
@@ -399,13 +399,13 @@ async def test_cancellation_storm_keeps_mutual_exclusion_and_leaks_nothing(
     no_leaks: None, client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
     """60 tasks over 2 clients, random timeouts around acquire and body: no overlap, no leak."""
-    seed = support.seed()
-    plans = _storm_plans(random.Random(seed), workers=60, cycles=15)
+    draw = support.draw()
+    plans = _storm_plans(random.Random(draw), workers=60, cycles=15)
     started = time.monotonic()
     async with asyncio_timeout(10.0):
         storm = await _run_storm([client, other_client], name, plans)
     elapsed = time.monotonic() - started
-    why = f"seed={seed} (replay with AIOLOCK_TEST_SEED={seed}), {storm}"
+    why = f"draw={draw} (replay with AIOLOCK_TEST_DRAW={draw}), {storm}"
     await _assert_storm_clean(storm, [client, other_client], admin, name, why)
     assert storm.held > 0, f"{why}: nobody ever held the lock: the storm proved nothing"
     assert storm.acquire_cut + storm.body_cut > 0, f"{why}: nothing was ever cancelled"

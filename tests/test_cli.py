@@ -1,4 +1,4 @@
-"""``aiolock run`` and ``aiolock status`` end to end (issue 6), in subprocesses, on a real server.
+"""``aiolock run`` and ``aiolock status`` end to end, in subprocesses, on a real server.
 
 Every ``aiolock`` process runs in a session of its own, so that a test can
 stop it together with the command it started (``killpg``); the ``cli``
@@ -19,6 +19,7 @@ import os
 import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -31,8 +32,10 @@ from signal import Signals
 
 import pytest
 import redis
+import redis.asyncio
 from faultproxy import FaultProxy
 
+from aiolock import AsyncLock
 from aiolock._keys import Keys
 from aiolock._run import redact_url, unavailable_message
 from aiolock.testing import LocalCluster, RedisServer, free_port
@@ -180,7 +183,7 @@ def unscripted_url(server: RedisServer, db: redis.Redis) -> Iterator[str]:
     An uncontended acquire is a bare ``SET``; the release script is refused
     (``NOPERM``, a ``ResponseError``) and the key stays until its lease ends.
     (A user without channel rights no longer makes a release fail: its
-    announcement is best effort since issue 17.)
+    announcement is best effort.)
     """
     user = f"aiolock-test-{uuid.uuid4().hex[:8]}"
     db.acl_setuser(
@@ -539,7 +542,7 @@ def test_a_release_the_server_fails_exits_69_with_the_command_s_status(
 def test_a_failed_release_adds_no_second_line_to_a_command_not_found(
     cli: Cli, name: str, unscripted_url: str
 ) -> None:
-    """Regression (issue 6 review): a 127 stays 127 with one line if the release fails too."""
+    """Regression (found in review): a 127 stays 127 with one line if the release fails too."""
     result = cli(
         "run", name, "--", "aiolock-test-no-such-command", env={"AIOLOCK_URL": unscripted_url}
     )
@@ -550,7 +553,7 @@ def test_a_failed_release_adds_no_second_line_to_a_command_not_found(
 def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
     name: str, unscripted_url: str
 ) -> None:
-    """Regression (issue 6 review): an error starting the command is not hidden by the release's."""
+    """Regression (review): an error starting the command is not hidden by the release's."""
     code = (
         "import sys\n"
         "from aiolock._run import RunConfig, run_command\n"
@@ -670,7 +673,7 @@ def test_ctrl_c_at_the_terminal_reaches_the_command_once(
 def test_a_signal_while_aiolock_closes_after_the_release_is_ignored(
     cli: Cli, name: str, key: str, db: redis.Redis
 ) -> None:
-    """Regression (issue 6 review): SIGINT after the release, while closing, is no traceback."""
+    """Regression (found in review): SIGINT after the release, while closing, is no traceback."""
     db.set(key, "someone-else", px=20_000)
     job = cli.start("run", "--fencing", name, "--", "true")
     wait_for(lambda: db.exists(Keys(name).queue) == 1, "the waiter to wait (in the queue)")
@@ -704,7 +707,7 @@ time.sleep(0.3)  # a copy passed on by aiolock would land within this
 def test_a_signal_ignored_at_start_stays_ignored_and_is_not_passed_on(
     cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script, signum: Signals
 ) -> None:
-    """Regression (issue 6 review, nohup): a signal ignored at start stays ignored, unforwarded."""
+    """Regression (found in review, nohup): a signal ignored at start stays ignored, unforwarded."""
     trap = signum.name.removeprefix("SIG")
     ignoring = ("sh", "-c", f'trap "" {trap}; exec "$@"', "sh")  # what nohup does for SIGHUP
     command = script(IGNORING)
@@ -894,7 +897,7 @@ BAD_URL_OPTIONS = [
 def test_a_bad_url_option_exits_2_naming_it_without_a_traceback(
     cli: Cli, server: RedisServer, name: str, key: str, db: redis.Redis
 ) -> None:
-    """Issue 17: a URL option redis-py does not take or cannot use: exit 2, one line naming it.
+    """A URL option redis-py does not take or cannot use: exit 2, one line naming it.
 
     For ``run``, ``status`` and ``demo`` (whose bad URL ended in a traceback, exit 1).
     """
@@ -965,10 +968,11 @@ def test_bad_usage_exits_2(cli: Cli) -> None:
 def test_help_documents_the_exit_codes(cli: Cli) -> None:
     """--help works for the command and each subcommand, and lists its exit codes."""
     expected = {
-        (): ["run", "status", "demo", "75", "70", "126", "127", "128+N", "3 "],
+        (): ["run", "status", "demo", "server", "75", "70", "126", "127", "128+N", "3 "],
         ("run",): ["--timeout", "--nonblock", "--ttl", "--grace", "--fencing", "75", "70", "128+N"],
         ("status",): ["--json", "3 "],
         ("demo",): ["--processes", "1 "],
+        ("server",): ["--port", "--host"],
     }
     jobs = {command: cli.start(*command, "--help") for command in expected}
     for command, job in jobs.items():
@@ -1027,7 +1031,7 @@ async def test_over_a_slow_link_run_takes_a_free_lock_and_silence_exits_69(
     name: str,
     db: redis.Redis,
 ) -> None:
-    """Regression (issue 17): a slow link is not "held by someone"; no answer exits 69.
+    """Regression: a slow link is not "held by someone"; no answer exits 69.
 
     Through 50 ms each way, ``run -n`` on a free lock printed "held by someone
     else; did not wait" and exited 75: its first attempt (which also sets up
@@ -1178,3 +1182,59 @@ def test_run_on_a_name_of_the_other_kind_exits_2_with_one_line(
     assert "in use by a Semaphore" in result.stderr
     assert result.stderr.count("\n") == 1
     db.delete(Keys(name).lock, Keys(name).queue)
+
+
+# -- aiolock server ---------------------------------------------------------------------------
+
+
+def _serving(job: Job, port: int) -> None:
+    """Wait (bounded) until the server of ``job`` listens on ``port``."""
+    deadline = time.monotonic() + PROCESS_BOUND
+    while time.monotonic() < deadline:
+        if job.proc.poll() is not None:
+            pytest.fail(f"aiolock server exited: {job.finish()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        pytest.fail("aiolock server did not listen in time")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_server_serves_until_a_signal_stops_it(cli: Cli, stop: signal.Signals) -> None:
+    """`aiolock server --port P` serves a lock on P, prints its URL, and a signal stops it (0)."""
+    port = free_port()
+    job = cli.start("server", "--port", str(port))
+    _serving(job, port)
+    client = redis.asyncio.Redis(port=port)
+    try:
+        async with AsyncLock(client, "tried"):
+            assert await client.exists("aiolock:{tried}") == 1
+    finally:
+        await client.aclose()
+    os.killpg(job.pid, stop)
+    result = job.finish()
+    assert result.returncode == 0, result
+    assert f"aiolock: serving redis://127.0.0.1:{port} (Ctrl-C stops it)" in result.stdout
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+        pass  # the server went with it
+
+
+async def test_server_on_a_port_in_use_says_so(cli: Cli, server: RedisServer) -> None:
+    """A port already taken: exit 69, naming the address and quoting the server's log."""
+    result = cli("server", "--port", str(server.port))
+    assert result.returncode == 69, result
+    assert result.error_lines[0].startswith(
+        f"aiolock: the server did not start on 127.0.0.1:{server.port}: "
+    ), result
+    assert "Address already in use" in result.stderr, result  # (its log's last lines)
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "x"])
+def test_server_refuses_a_bad_port(cli: Cli, port: str) -> None:
+    """A port outside 1..65535 (or not a number) is bad usage: exit 2."""
+    result = cli("server", "--port", port)
+    assert result.returncode == 2, result
+    assert "--port" in result.stderr, result

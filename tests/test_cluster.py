@@ -1,4 +1,4 @@
-"""AsyncLock on a real Redis/Valkey Cluster through ``redis.asyncio.RedisCluster`` (issue 5).
+"""AsyncLock on a real Redis/Valkey Cluster through ``redis.asyncio.RedisCluster``.
 
 Every test runs against a :class:`~aiolock.testing.LocalCluster` on loopback:
 three masters (module scope), and for the failover test a separate cluster
@@ -72,7 +72,7 @@ pytestmark = pytest.mark.one_loop
 LONG_STEP: Final = 5.0
 #: How soon a notified waiter must hold the lock (generous: 2 loaded cores).
 WAKE_BOUND: Final = 1.0
-#: The suffix of the fencing counter, the one key a released lock may leave (DESIGN.md §2).
+#: The suffix of the fencing counter, the one key a released lock may leave (docs/design.md).
 FENCE_SUFFIX: Final = Keys("x").fence.removeprefix(Keys("x").lock)
 SLOTS: Final = 16384
 
@@ -135,7 +135,7 @@ class Clients:
     ``no_leaks``: no task left running, every release-notification listener
     ended, no connection checked out of any node pool, no pub/sub connection
     of the test left on any node, and no key containing the test's tag on
-    any master but fencing counters (kept by design, DESIGN.md §2; deleted
+    any master but fencing counters (kept by design, docs/design.md; deleted
     here). After the clients are closed, no connection of the test is left
     on any node.
     """
@@ -268,7 +268,7 @@ async def clients(tag: str) -> AsyncIterator[Clients]:
 
 
 def key_of(name: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """The key aiolock uses for ``name`` (DESIGN.md §2)."""
+    """The key aiolock uses for ``name`` (``aiolock._keys``)."""
     return Keys(name, prefix).lock
 
 

@@ -214,7 +214,9 @@ def test_links_in_a_code_block_stay(retarget: types.FunctionType) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["run"], ["status"], ["demo"]], ids=lambda c: " ".join(["aiolock", *c])
+    "command",
+    [[], ["run"], ["status"], ["demo"], ["server"]],
+    ids=lambda c: " ".join(["aiolock", *c]),
 )
 def test_the_cli_reference_parser_is_the_commands(
     command: list[str], capsys: pytest.CaptureFixture[str]

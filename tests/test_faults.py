@@ -1,4 +1,4 @@
-"""Fault injection (issue 4): real servers killed, paused and cut off while the lock is used.
+"""Fault injection: real servers killed, paused and cut off while the lock is used.
 
 Each test injects one fault into a workload on real servers and checks it with
 three checkers, defined at the top of this file:
@@ -422,13 +422,13 @@ async def assert_clean(admin: redis.Redis, pattern: str, *clients: redis.Redis) 
 
 @dataclass
 class Scene:
-    """A private server under a seeded workload: three clients ("processes"), an admin, a name."""
+    """A private server under a random workload: three clients ("processes"), an admin, a name."""
 
     server: RedisServer
     clients: list[redis.Redis]
     admin: redis.Redis
     name: str
-    seed: int
+    draw: int
     work: Workload
 
     def new_lock(self, c: redis.Redis, ttl: float, **options: Any) -> AsyncLock:
@@ -446,7 +446,7 @@ class Scene:
 
     def verdict(self, what: str, lost: AsyncLock) -> str:
         """Report the figures; only ``lost`` was lost, and every error is ours or redis-py's."""
-        figures = report(f"{what} (seed {self.seed})", self.work)
+        figures = report(f"{what} (draw {self.draw})", self.work)
         assert foreign_errors(self.work.errors) == [], figures
         assert [lock for lock, _ in self.work.losses] == [lost], figures
         return figures
@@ -459,13 +459,13 @@ class Scene:
 
 @pytest.fixture
 async def scene(private_server: Callable[..., RedisServer], name: str) -> AsyncIterator[Scene]:
-    """A private server (resumed after the test if paused) under a seeded workload."""
+    """A private server (resumed after the test if paused) under a randomized workload."""
     srv = private_server()
     clients = [redis.Redis.from_url(srv.url) for _ in range(3)]
     admin = redis.Redis.from_url(srv.url, decode_responses=True)
-    seed = support.seed()
+    draw = support.draw()
     try:
-        yield Scene(srv, clients, admin, name, seed, Workload(random.Random(seed)))
+        yield Scene(srv, clients, admin, name, draw, Workload(random.Random(draw)))
     finally:
         if srv.paused:
             srv.resume()
@@ -782,8 +782,8 @@ async def test_blocked_loop_loses_updates_that_only_the_fence_keeps(
     (under a renewal period) lose nothing. No key, task or connection leaks.
     """
     ttl = 0.2
-    seed = support.seed()
-    work = Workload(random.Random(seed))
+    draw = support.draw()
+    work = Workload(random.Random(draw))
     short = [work.rng.uniform(0.0, ttl / 4) for _ in range(4)]
     blocks = [*short[:2], 2 * ttl, *short[2:]]
     work.rng.shuffle(blocks)
@@ -802,7 +802,7 @@ async def test_blocked_loop_loses_updates_that_only_the_fence_keeps(
         finally:
             await cancel_all(workers)
             other_loop.close()
-        figures = report(f"loop blocked past the lease (seed {seed})", work)
+        figures = report(f"loop blocked past the lease (draw {draw})", work)
         expected = ["lost" if block > ttl else "held" for block in blocks]
         assert seen.outcomes == expected, f"blocks {blocks}: {seen.outcomes}; {figures}"
         assert max(seen.exit_after_unblock) < SLACK, seen.exit_after_unblock
@@ -842,8 +842,8 @@ async def test_black_holed_holder_is_out_before_the_next_one_is_in(
     with a message; no key, task or connection leaks.
     """
     ttl = 0.6
-    seed = support.seed()
-    work = Workload(random.Random(seed))
+    draw = support.draw()
+    work = Workload(random.Random(draw))
     cut = proxied
 
     def new_lock(c: redis.Redis) -> AsyncLock:
@@ -874,7 +874,7 @@ async def test_black_holed_holder_is_out_before_the_next_one_is_in(
             await stop_all(work, workers, timeout=5.0)
         finally:
             await cancel_all([*workers, *([holder] if holder else [])])
-        figures = report(f"holder black-holed (seed {seed})", work)
+        figures = report(f"holder black-holed (draw {draw})", work)
         assert foreign_errors(work.errors) == [], figures
         assert [lock for lock, _ in work.losses] == [victim], figures
         assert left <= ttl + SLACK, f"the cut-off holder left {left:.3f} s after the cut"
@@ -1067,7 +1067,7 @@ async def test_a_stale_writer_is_stopped_by_the_fence_only(
     """
     ttl = 0.3
     srv = private_server()
-    work = Workload(random.Random(support.seed()))
+    work = Workload(random.Random(support.draw()))
     name = f"stale:{uuid.uuid4().hex[:8]}"
     read = threading.Event()
     proxy = await FaultProxy(srv.host, srv.port).start()
@@ -1130,7 +1130,7 @@ async def test_fences_keep_increasing_across_a_restart_with_empty_data(
 ) -> None:
     """A holding taken after a restart with empty data gets a fence above every earlier one.
 
-    Regression (issue 4, found by this suite; fixed in a312de8): the counter
+    Regression (found by this suite; fixed in a312de8): the counter
     died with the server, and fences started over at 1. The holder from
     before the restart learns of the loss only at its next renewal (test 1);
     until then it still writes with its fence. A next holder with the same
@@ -1139,7 +1139,7 @@ async def test_fences_keep_increasing_across_a_restart_with_empty_data(
     failed exactly when the lock did.
     """
     srv = private_server()
-    work = Workload(random.Random(support.seed()))
+    work = Workload(random.Random(support.draw()))
     name = f"fence-restart:{uuid.uuid4().hex[:8]}"
     stale_client = redis.Redis.from_url(srv.url)
     fresh = redis.Redis.from_url(srv.url)
@@ -1217,11 +1217,11 @@ async def test_a_careful_writer_sees_the_loss_as_soon_as_its_loop_runs(
     holder that checks ``lock.lost`` right before it writes never overwrites
     the update of the holder that got the lock meanwhile (in another
     process: here another event loop), and the plain register loses nothing.
-    Regression (issue 4, found by this suite; fixed in a312de8): ``lost``
+    Regression (found by this suite; fixed in a312de8): ``lost``
     said False until the watchdog task had run, 2-3 loop steps later.
     """
     ttl = 0.2
-    work = Workload(random.Random(support.seed()))
+    work = Workload(random.Random(support.draw()))
     read = threading.Event()
     other_loop = LoopThread()
     careful = asyncio.ensure_future(
@@ -1363,7 +1363,7 @@ async def test_a_hand_over_cut_off_at_the_lease_end_is_taken_back_by_the_heir(
 ) -> None:
     """A hand-over that ran on the server but whose reply was held: the heir deletes its key.
 
-    Regression test (issue 6 review): the releaser used to undo the heir's token
+    Regression test (found in review): the releaser used to undo the heir's token
     itself after the cut-off, which could keep it past the lease for one more
     cleanup bound (the black-hole test above flaked on it). The heir now gets
     the token back with an Undo ticket and deletes it before it contends, so

@@ -1,7 +1,8 @@
 """The fencing example (``examples/fenced_write.py``): a resource that rejects stale holders.
 
-Issue 5 asks for a documented, tested example of a resource that rejects
-stale fences. These tests run it against a real server.
+Fencing tokens are worth their cost only to a resource that rejects stale
+fences: this is the documented example of one. These tests run it against a
+real server.
 """
 
 from __future__ import annotations

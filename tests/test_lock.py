@@ -1,8 +1,8 @@
 """AsyncLock on a real server: contract, keys and scripts, waiting rules, ownership.
 
-DESIGN.md §1 (public contract), §2 (keys, tokens, scripts), §3 (waiting: backoff is
-slept, waits are capped by the remaining timeout and the holder's PTTL, local FIFO)
-and §6 (ownership inside a process).
+What docs/design.md states of the public contract, of keys, tokens and scripts, of
+waiting (backoff is slept, waits are capped by the remaining timeout and the holder's
+PTTL, the local FIFO) and of ownership inside a process.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ async def test_mutual_exclusion_in_process_over_two_clients(
     assert section.holdings == 100
 
 
-# --- 4. ownership inside a process (§6) ----------------------------------------------------------
+# --- 4. ownership inside a process ---------------------------------------------------------------
 
 
 async def test_shared_lock_object_excludes_tasks(client: redis.Redis, name: str) -> None:
@@ -371,7 +371,7 @@ async def test_same_key_through_second_object_raises(client: redis.Redis, name: 
         assert await second.owned()
 
 
-# --- 5. timeouts (§1, §3) ------------------------------------------------------------------------
+# --- 5. timeouts ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["timeout=0", "blocking=False"])
@@ -721,7 +721,7 @@ async def test_leases_on_the_wire_are_never_shorter_than_the_holder_counts(
 def test_a_lock_used_from_another_thread_s_loop_does_not_mistake_the_holder(
     server: RedisServer, name: str
 ) -> None:
-    """Regression (review of issue 12): looking up the running task through the loop of the
+    """Regression (review of the lease engine): looking up the running task through the loop of the
     lock's last holding must not find another thread's task.
 
     A task of a loop in thread A holds a reentrant lock and blocks its loop for

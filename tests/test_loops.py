@@ -1,4 +1,4 @@
-"""Process-local state belongs to its event loop and its process (issue 17).
+"""Process-local state belongs to its event loop and its process.
 
 A script that calls ``asyncio.run`` twice with one client, or a child forked
 after its parent's loop ended with a lock held, must start clean: the local
@@ -75,7 +75,7 @@ async def take_once(lock: AsyncLock | Redlock, clients: list[aioredis.Redis]) ->
 def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
     servers: list[RedisServer], kind: str, same_object: bool, request: pytest.FixtureRequest
 ) -> None:
-    """Regression (issue 17): a new event loop does not inherit the old loop's holder.
+    """Regression: a new event loop does not inherit the old loop's holder.
 
     The first ``asyncio.run`` acquires and ends without releasing: as its
     loop shuts down, a ResourceWarning says the lock was never released (its
@@ -104,7 +104,7 @@ def test_a_second_asyncio_run_acquires_after_the_first_ended_holding_the_lock(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_starts_with_a_clean_local_queue(servers: list[RedisServer]) -> None:
-    """Regression (issue 17): a child forked after its parent's loop held a lock acquires at once.
+    """Regression: a child forked after its parent's loop held a lock acquires at once.
 
     The parent's loop ended with the lock held (a ResourceWarning says so);
     its lease then ran out. The child inherits the client and the lock

@@ -2,7 +2,7 @@
 
 The matrix itself takes half an hour and fetches servers and clients, so the
 suite does not run it. It checks instead that what the project states agrees
-with it: the README's tables (written by ``make matrix`` with ``--readme``)
+with it: the tables of docs/reliability.md (written by ``make matrix`` with ``--readme``)
 cover every server, client and Python the tool tests, each cell of its
 default run passed, and the floors in ``pyproject.toml`` (``requires-python``,
 ``redis>=``, the Python classifiers) are the oldest releases it tests. And
@@ -35,11 +35,11 @@ def _load_matrix() -> ModuleType:
 
 matrix = _load_matrix()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-README = (ROOT / "README.md").read_text()
+README = matrix.TABLES_PAGE.read_text()  # (the tables' page: the README held them once)
 
 
 def _tables() -> list[list[list[str]]]:
-    """The Markdown tables between the README's matrix markers, as rows of cells."""
+    """The Markdown tables between the page's matrix markers, as rows of cells."""
     start = README.index(matrix.README_BEGIN) + len(matrix.README_BEGIN)
     block = README[start : README.index(matrix.README_END)]
     tables: list[list[list[str]]] = []

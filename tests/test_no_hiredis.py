@@ -1,4 +1,4 @@
-"""Without hiredis (a pure-Python install, PyPy): release notifications work (issue 17).
+"""Without hiredis (a pure-Python install, PyPy): release notifications work.
 
 redis-py 8 refused the listener's connection without hiredis ("Maintenance
 notifications are only supported with hiredis and RESP3 parsers!"); the
@@ -59,7 +59,7 @@ def _env() -> dict[str, str]:
 
 
 def test_a_waiter_without_hiredis_wakes_at_the_release(server: RedisServer) -> None:
-    """Regression (issue 17): without hiredis a notified waiter wakes at once, and nothing dies.
+    """Regression: without hiredis a notified waiter wakes at once, and nothing dies.
 
     The waiter's backoff step is 3 s; before the fix it woke after about 2-3 s
     and stderr said "Task exception was never retrieved".
@@ -82,7 +82,7 @@ def test_a_waiter_without_hiredis_wakes_at_the_release(server: RedisServer) -> N
 
 @pytest.mark.timeout(300)
 def test_the_notification_tests_pass_without_hiredis() -> None:
-    """The notification tests (tests/test_notify.py) pass with hiredis hidden (issue 17)."""
+    """The notification tests (tests/test_notify.py) pass with hiredis hidden."""
     done = subprocess.run(
         # (Not the slow re-subscribe race: the listener's bookkeeping, which does not
         # depend on the parser; and on asyncio's loop only: the parser is the same on both.)

@@ -1,4 +1,4 @@
-"""Release notifications, local coalescing and statistics() on real servers (DESIGN.md §3).
+"""Release notifications, local coalescing and statistics() on real servers (docs/design.md).
 
 A release publishes on ``<key>:released``; a waiter that failed an attempt
 subscribes (one shared, reference-counted pub/sub connection per client) and
@@ -529,7 +529,7 @@ async def test_a_notify_false_lock_hands_over_despite_its_own_client_listening(
     name: str,
     tasks: Tasks,
 ) -> None:
-    """Regression (review of issue 12): the releaser's own listener is counted whatever its
+    """Regression (review of the lease engine): the releaser's own listener is counted whatever its
     ``notify``: a ``notify=False`` lock hands over to its next local task, not yielding to
     a subscriber that is its own client (another lock object on the same key listens).
     """

@@ -1,4 +1,4 @@
-"""The ``aiolock`` logger, the observer hook and the OpenTelemetry metrics (issue 6).
+"""The ``aiolock`` logger, the observer hook and the OpenTelemetry metrics.
 
 Every test runs real locks against a real server and asserts the log
 records, the :class:`aiolock.LockEvent` objects, or the metric points the

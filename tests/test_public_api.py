@@ -1,4 +1,4 @@
-"""The public surface, pinned so that it never changes by accident (STYLE.md).
+"""The public surface, pinned so that it never changes by accident (docs/design.md).
 
 Changing a name here is a breaking change: it goes in the changelog, and this
 file changes with it on purpose.
@@ -60,7 +60,7 @@ BACKOFF_ALL = [
     "yield_then_sleep",
 ]
 
-#: DESIGN.md §1: the keyword options of AsyncLock with fixed names.
+#: The keyword options of AsyncLock with fixed names (docs/design.md, The public contract).
 LOCK_OPTIONS = [
     "ttl",
     "timeout",
@@ -92,8 +92,8 @@ def test_aiolock_all_is_pinned() -> None:
     assert aiolock.__all__ == AIOLOCK_ALL
 
 
-def test_the_family_has_the_names_of_design_section_10() -> None:
-    """Semaphore and ReadWriteLock's sides have AsyncLock's methods; DESIGN.md §10's names."""
+def test_the_family_has_its_fixed_names() -> None:
+    """Semaphore and ReadWriteLock's sides have AsyncLock's methods, and the family's names."""
     for name in (*LOCK_METHODS, "limit", "lost", "statistics"):
         assert hasattr(aiolock.Semaphore, name), name
     for name in ("reader", "writer", "locked", "name", "key", "ttl"):
@@ -105,7 +105,7 @@ def test_the_family_has_the_names_of_design_section_10() -> None:
 
 
 def test_aiolock_all_is_sorted_and_unique() -> None:
-    """aiolock.__all__ is sorted and has no duplicates (STYLE.md)."""
+    """aiolock.__all__ is sorted and has no duplicates."""
     assert aiolock.__all__ == sorted(set(aiolock.__all__))
 
 
@@ -170,8 +170,8 @@ def test_top_level_names_are_the_real_objects() -> None:
     assert AsyncLock.__module__.startswith("aiolock.")
 
 
-def test_design_section_one_imports() -> None:
-    """The two import lines of DESIGN.md §1 work as written."""
+def test_the_contract_imports_work_as_written() -> None:
+    """The public contract's two import lines work as written."""
     namespace: dict[str, object] = {}
     exec(  # noqa: S102 - the import statements are the test
         "from aiolock import AsyncLock, backoff\n"
@@ -190,7 +190,7 @@ def test_asynclock_is_final() -> None:
 
 
 def test_asynclock_init_signature() -> None:
-    """AsyncLock(client, name, *, <DESIGN.md §1 options>): the names and their kinds."""
+    """AsyncLock(client, name, *, <the contract's options>): the names and their kinds."""
     parameters = inspect.signature(AsyncLock.__init__).parameters
     positional = [
         n
@@ -216,14 +216,14 @@ def test_asynclock_defaults() -> None:
 
 
 def test_asynclock_has_the_replicas_option() -> None:
-    """DESIGN.md §1 fixes `replicas` (WAIT acknowledgement) among AsyncLock's keyword options."""
+    """The contract fixes `replicas` (WAIT acknowledgement) among AsyncLock's keyword options."""
     parameters = inspect.signature(AsyncLock.__init__).parameters
     assert "replicas" in parameters
     assert parameters["replicas"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_redlock_is_exported() -> None:
-    """DESIGN.md §1 names aiolock.Redlock([a, b, c], name, ttl=...) with AsyncLock's methods."""
+    """The contract names aiolock.Redlock([a, b, c], name, ttl=...) with AsyncLock's methods."""
     redlock = getattr(aiolock, "Redlock", None)
     assert redlock is not None
     for method in (*LOCK_METHODS, "__aenter__", "__aexit__"):
@@ -251,7 +251,7 @@ def test_asynclock_properties(prop: str) -> None:
 
 
 def test_acquire_signature() -> None:
-    """acquire(blocking=None, timeout=<unset>): both names from DESIGN.md §1, with defaults."""
+    """acquire(blocking=None, timeout=<unset>): both names fixed by the contract, with defaults."""
     parameters = inspect.signature(AsyncLock.acquire).parameters
     assert list(parameters)[1:] == ["blocking", "timeout"]
     assert parameters["blocking"].default is None
@@ -301,7 +301,7 @@ def test_asynclock_docstring_has_the_semantics_paragraphs_in_order() -> None:
 
 
 def test_exception_tree() -> None:
-    """DESIGN.md §1: all derive from LockError; AcquireTimeout is also a TimeoutError."""
+    """The public contract: all derive from LockError; AcquireTimeout is also a TimeoutError."""
     assert LockError.__bases__ == (Exception,)
     assert LockNotOwnedError.__bases__ == (LockError,)
     assert LockLostError.__bases__ == (LockNotOwnedError,)
@@ -366,7 +366,7 @@ def test_exceptions_are_documented_and_exported() -> None:
 def test_version_matches_the_installed_distribution() -> None:
     """aiolock.__version__ is a str equal to the installed distribution's version."""
     assert isinstance(aiolock.__version__, str)
-    assert aiolock.__version__ == importlib.metadata.version("aiolock")
+    assert aiolock.__version__ == importlib.metadata.version("aiolock-redis")
     pep440 = r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?"
     assert re.fullmatch(pep440, aiolock.__version__)
 

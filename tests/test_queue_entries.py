@@ -187,7 +187,7 @@ async def test_a_dead_waiters_entry_is_gone_within_two_seconds_whatever_its_step
     name: str,
     notify: bool,
 ) -> None:
-    """Regression (issue 17): a waiter SIGKILLed in a 30 s step leaves its entry at most 2 s.
+    """Regression: a waiter SIGKILLed in a 30 s step leaves its entry at most 2 s.
 
     Before the queue, its marker lived for the whole step (30 s), and a
     process handing the lock from task to task yielded to the dead waiter all
@@ -226,7 +226,7 @@ async def test_a_dead_waiters_entry_is_gone_within_two_seconds_whatever_its_step
 async def test_a_live_waiter_keeps_its_entry_without_waking(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Issue 17: a notified waiter refreshes its entry (max 2 s each) and attempts nothing more.
+    """A notified waiter refreshes its entry (max 2 s each) and attempts nothing more.
 
     Its backoff step (5 s) does not matter: it waits for its grant, and gets
     the lock at the release (a message). The holder does not renew (its lease
@@ -268,7 +268,7 @@ async def test_short_pauses_send_nothing_but_attempts(
 ) -> None:
     """A queued waiter sends no refresh before one is due (0.7 of its entry's life).
 
-    Regression (issue 17, the marker then): a loop timer may fire a little
+    Regression (found with the waiting marker, before entries): a loop timer may fire a little
     early (uvloop counts whole milliseconds); the end of each 50 ms pause was
     taken for a pause going on, and the marker was set again (one ``SET`` per
     pause). A notified waiter does not poll at all: it attempts once (twice,

@@ -1,4 +1,4 @@
-"""Redlock over five independent real servers (DESIGN.md §1, §5, §5b, §7).
+"""Redlock over five independent real servers (docs/design.md, Beyond one server).
 
 Nodes are killed, paused (SIGSTOP) and flushed on purpose; every test ends
 with a leak check: no task left, no connection checked out, no key of the
@@ -778,7 +778,7 @@ def test_public_surface_is_documented() -> None:
 
 
 async def test_a_name_that_would_break_a_cluster_hash_tag_is_accepted(nodes: Nodes) -> None:
-    """Regression (review of issue 12): Redlock's nodes are independent servers, so a name
+    """Regression (review of the lease engine): Redlock's nodes are independent servers, so a name
     starting with ``}`` or a prefix with ``{}`` is accepted as before the engine."""
     for name, prefix in (("}" + nodes.name, "aiolock:"), (nodes.name, "aiolock{}:")):
         lock = Redlock(nodes.clients(), name, ttl=2.0, prefix=prefix)
@@ -790,7 +790,7 @@ async def test_a_name_that_would_break_a_cluster_hash_tag_is_accepted(nodes: Nod
 async def test_a_win_over_a_node_held_elsewhere_is_reported_as_contended(
     nodes: Nodes, events: list[LockEvent]
 ) -> None:
-    """Regression (review of issue 12): an attempt that wins a majority while one node holds
+    """Regression (review of the lease engine): an attempt that wins a majority while one node holds
     another holder's key still counts as contended in the ``acquired`` event."""
     await nodes.admins[0].set(nodes.key(), "foreign", px=5000)
     lock = Redlock(nodes.clients(), nodes.name, ttl=2.0)

@@ -1,4 +1,4 @@
-"""Renewal and loss (DESIGN.md §1, §4, §5b; the Expiry paragraph of AsyncLock).
+"""Renewal and loss (docs/design.md, Renewal; the Expiry paragraph of AsyncLock).
 
 A live holder keeps its lock by renewal; a dead or stalled one loses it after
 its lease; the holder learns of the loss (``lost``, ``on_lost``,
@@ -604,8 +604,9 @@ async def test_release_during_inflight_renewal_leaves_nothing(
 async def test_an_extend_that_ends_during_a_renewal_keeps_the_lease_the_server_has(
     proxy: FaultProxy, proxied: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Regression (review of issue 12): a renewal whose reply comes after an ``extend(ttl=...)``
-    must not leave the holder counting the extend's lease while it renews with the old one.
+    """Regression (review of the lease engine): a renewal whose reply comes after an
+    ``extend(ttl=...)`` must not leave the holder counting the extend's lease while it
+    renews with the old one.
 
     The renewal's reply is held back while ``extend(ttl=10)`` runs on a new
     connection; once it arrives, the holder's lease end must still be one the

@@ -1,4 +1,4 @@
-"""``replicas=n``: an acquisition counts only once ``n`` replicas acknowledged it (DESIGN.md §7).
+"""``replicas=n``: an acquisition counts only once ``n`` replicas acknowledged it (docs/design.md).
 
 After the acquire script, ``WAIT n timeout`` runs on the same connection (one
 pipeline), so it waits for that very write. Without the acknowledgement in

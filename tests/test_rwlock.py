@@ -1,4 +1,4 @@
-"""ReadWriteLock (DESIGN.md §10, issue 14): sharing, exclusion, writers not starved, dead holders.
+"""ReadWriteLock (docs/design.md): sharing, exclusion, writers not starved, dead holders.
 
 What every primitive keeps (the cancellation windows, loss, renewal, the
 observers, bad timeouts...) is proved once for all in ``test_contract.py``.

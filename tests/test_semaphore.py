@@ -1,4 +1,4 @@
-"""Semaphore (DESIGN.md §10, issue 14): the limit, dead holders, cancellation, kinds, arguments.
+"""Semaphore (docs/design.md): the limit, dead holders, cancellation, kinds, arguments.
 
 What every primitive keeps (the cancellation windows, loss, renewal, the
 observers, bad timeouts...) is proved once for all in ``test_contract.py``,

@@ -1,12 +1,12 @@
-"""AsyncLock on a Sentinel-managed master, across a failover (DESIGN.md §7; issue 5).
+"""AsyncLock on a Sentinel-managed master, across a failover (docs/design.md, Beyond one server).
 
 A real group: one master, one replica, three sentinels
 (``aiolock.testing.SentinelGroup``, failing over in about 3 s). The client is
 ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``, a plain
 ``redis.asyncio.Redis`` whose pool asks the sentinels where the master is.
 
-The two tests show the difference ``replicas`` makes, the seed article's
-scenario: replication is asynchronous, so
+The two tests show the difference ``replicas`` makes in the scenario of the
+article 基于redis的分布式锁详解: replication is asynchronous, so
 
 (a) without ``replicas`` a lock granted just before the master dies can be
     missing on the promoted replica: another client gets it too, and the

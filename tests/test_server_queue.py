@@ -1,4 +1,4 @@
-"""The queue on the server (DESIGN.md §3.4, issue 13): order, grants, dead and cancelled waiters.
+"""The queue on the server (docs/server-queue.md): order, grants, dead and cancelled waiters.
 
 A waiter on another client object (another process) that must wait stands
 in the lock's queue on the server; a release hands the lock straight to the
@@ -639,7 +639,7 @@ async def test_default_and_fair_locks_mixed_on_one_name_never_overlap(
 async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_current_one(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Regression (issue 13, found by the soak): a grant message names the entry it granted.
+    """Regression (found by the soak): a grant message names the entry it granted.
 
     A waiter that missed its grant (messages held back past the lease) and
     queued again must not take that old message, when it comes, for the

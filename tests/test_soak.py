@@ -1,4 +1,4 @@
-"""The soak run (issue 4) still runs: ``python -m benchmarks.soak --quick`` against its own servers.
+"""The soak run still runs: ``python -m benchmarks.soak --quick`` against its own servers.
 
 The soak injects faults at random, so this test asserts only what must hold
 whatever the draw: holders got the lock, several kinds of fault were
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 @pytest.mark.timeout(100)
 def test_quick_soak_injects_faults_and_loses_no_fenced_update(tmp_path: Path) -> None:
-    """Issue 4: a quick soak acquires, injects several kinds of fault, loses no fenced update."""
+    """A quick soak acquires, injects several kinds of fault, loses no fenced update."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.soak", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,

@@ -199,7 +199,7 @@ def test_start_ping_stop_leaves_no_process() -> None:
 
 
 def test_a_server_with_a_password_is_ready_and_is_ours() -> None:
-    """Issue 17: a server started with --requirepass is waited for (it answers NOAUTH to PING).
+    """A server started with --requirepass is waited for (it answers NOAUTH to PING).
 
     Its own log says it is ready; before, start() waited for a +PONG that
     never came and failed after its timeout.
@@ -226,7 +226,7 @@ def test_a_server_with_a_password_is_ready_and_is_ours() -> None:
 def test_the_debug_command_option_is_passed_only_where_the_server_knows_it(
     tmp_path: Path, version: str, debug_option: bool
 ) -> None:
-    """Issue 17: Redis 6.2 refuses ``--enable-debug-command`` (added in 7.0) and would not start.
+    """Redis 6.2 refuses ``--enable-debug-command`` (added in 7.0) and would not start.
 
     A wrapper around the real binary answers ``--version`` as Redis 6.2 (or
     as the real binary, empty ``version``) and records the arguments it is

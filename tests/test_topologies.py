@@ -1,4 +1,4 @@
-"""Tests for the topology builders of aiolock.testing: cluster, sentinel, replication (issue 5).
+"""Tests for the topology builders of aiolock.testing: cluster, sentinel, replication.
 
 Everything runs against real server processes started by the builders; each
 test also checks that the builder leaves no process and no working directory

@@ -1,7 +1,7 @@
 """The framework examples, ``examples/fastapi_app.py`` and ``examples/aiohttp_app.py``, served.
 
-Issue 6 asks for FastAPI and aiohttp examples. Each test runs one of them
-against the session's real server: FastAPI under an in-process
+The examples show aiolock in FastAPI and aiohttp handlers. Each test runs one
+of them against the session's real server: FastAPI under an in-process
 ``uvicorn.Server`` (lifespan on), aiohttp under ``web.AppRunner`` and
 ``TCPSite``, both on a free loopback port, and drives it with real
 concurrent HTTP requests. After the server stops, every test checks that the
