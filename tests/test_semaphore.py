@@ -154,7 +154,9 @@ async def test_with_one_permit_the_tasks_of_one_client_wait_locally_and_take_tur
 
     Only the first of them stands in the server's queue; each release hands
     the permit straight to the next of them. With ``fair=True`` each has an
-    entry of its own.
+    entry of its own, in the order the entries reached the server: each call
+    is let reach it before the next is made (on a loaded machine a call may
+    wait for a new connection while the next finds a free one).
     """
     holder = Semaphore(other_client, name, limit=1)
     assert await holder.acquire()
@@ -171,6 +173,11 @@ async def test_with_one_permit_the_tasks_of_one_client_wait_locally_and_take_tur
         for index in range(5):
             tasks.append(asyncio.create_task(take(index, fair)))
             await asyncio.sleep(0.02)
+            if fair:  # in the server's queue before the next calls (its own entry, its place)
+                await eventually(
+                    functools.partial(_queue_is, admin, holder, index + 1),
+                    f"{index + 1} entries queued",
+                )
         await eventually(
             functools.partial(_queue_is, admin, holder, entries), f"{entries} entries queued"
         )

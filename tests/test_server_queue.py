@@ -660,8 +660,15 @@ async def test_a_grant_of_an_older_entry_is_not_taken_for_the_grant_of_the_curre
         # An older entry's grant, and one that names no entry at all (the format before
         # this fix, which the waiter took for its grant); on the waiter's grant channel
         # and on the lock's.
+        channels = (f"{keys_of(holder).channel}:{tag}", keys_of(holder).channel)
+
+        async def subscribed() -> bool:  # (queued first; its subscription may come after)
+            counts = await admin.pubsub_numsub(*channels)
+            return all(count >= 1 for _, count in counts)
+
+        await eventually(subscribed, "the waiter subscribed to both channels")
         for stale in (f"g {token} {ms} 0 {int(number) - 1}", f"g {token} {ms} 0"):
-            for channel in (f"{keys_of(holder).channel}:{tag}", keys_of(holder).channel):
+            for channel in channels:
                 assert await admin.publish(channel, stale) >= 1
         await asyncio.sleep(0.3)
         assert not waiting.done(), "the waiter took an old grant for its own"
