@@ -661,18 +661,21 @@ class LeaseLock:
             return
         baseline = task.cancelling()
         ahead = await self._slot_ahead(holding, task)
-        if holding.ended:  # released meanwhile, by another task sharing the holding
+        try:
+            if holding.ended:  # released meanwhile, by another task sharing the holding
+                raise LockNotOwnedError(f"lock {self._name!r} is not held")
+            if not holding.lost and time.monotonic() >= holding.lease_end:
+                # The loop was blocked past the lease: the watchdog had no chance to run.
+                self._declare_lost(holding, "the lease ran out before release")
+            # The holding's timer (its first renewal, or its lease end) is due before the
+            # release's cut-off: the cut-off reuses it rather than arming a timer of its own.
+            spare = holding.timer
+            holding.timer = None
+            self._end(holding)
+        except BaseException:
             if ahead is not None:
-                ahead.give_back()
-            raise LockNotOwnedError(f"lock {self._name!r} is not held")
-        if not holding.lost and time.monotonic() >= holding.lease_end:
-            # The loop was blocked past the lease: the watchdog had no chance to run.
-            self._declare_lost(holding, "the lease ran out before release")
-        # The holding's timer (its first renewal, or its lease end) is due before the
-        # release's cut-off: the cut-off reuses it rather than arming a timer of its own.
-        spare = holding.timer
-        holding.timer = None
-        self._end(holding)
+                ahead.give_back()  # (never kept by a release that sends nothing)
+            raise
         lease = self._lease
         try:
             if holding.lost:

@@ -57,6 +57,7 @@ from contract import (
     is_lost,
 )
 from faultproxy import FaultProxy
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
     CALLBACK_KINDS,
@@ -1431,9 +1432,10 @@ async def test_every_acquire_reports_once_and_every_holding_ends_once(
             calls += 1
             try:
                 got = await lock.acquire()
-            except RedisTimeoutError as exc:
+            except (RedisTimeoutError, RedisConnectionError) as exc:
                 # A loaded machine: an attempt got no answer by the 0.05 s deadline plus
-                # the link's allowance. Reported too (an outcome with its error).
+                # the link's allowance, or a new connection was still being made then
+                # (nothing sent). Reported too (an outcome with its error).
                 unanswered.append(str(exc))
                 continue
             if got:
@@ -1451,7 +1453,10 @@ async def test_every_acquire_reports_once_and_every_holding_ends_once(
     seen = [e for e in events if e.name == subject.name]
     outcomes = [e for e in seen if e.kind in ("acquired", "not_acquired")]
     assert len(outcomes) == calls
-    assert all("did not answer within" in message for message in unanswered), unanswered
+    assert all(
+        "did not answer within" in message or "no connection to the server within" in message
+        for message in unanswered
+    ), unanswered
     assert sum(1 for e in outcomes if e.error is not None) == len(unanswered)
     acquired = sum(1 for e in seen if e.kind == "acquired")
     ended = sum(1 for e in seen if e.kind in ("released", "lost"))
