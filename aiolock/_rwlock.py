@@ -323,25 +323,25 @@ class ReadWriteLock:
         self.reader._other = self.writer
         self.writer._other = self.reader
 
+    def _sides_only(self) -> TypeError:
+        return TypeError(
+            f"ReadWriteLock {self._name!r} is held through its sides: "
+            "'async with rw.reader:' or 'async with rw.writer:'"
+        )
+
     if not TYPE_CHECKING:  # to a type checker, `with rw:` stays an error
 
         def __enter__(self) -> Never:
-            raise TypeError(
-                f"ReadWriteLock {self._name!r} is held through its sides: "
-                "'async with rw.reader:' or 'async with rw.writer:'"
-            )
+            raise self._sides_only()
 
         def __exit__(self, *exc_info: object) -> None:  # never reached: __enter__ raised
-            raise TypeError(f"ReadWriteLock {self._name!r}: use 'async with rw.reader'")
+            raise self._sides_only()
 
         async def __aenter__(self) -> Never:
-            raise TypeError(
-                f"ReadWriteLock {self._name!r} is held through its sides: "
-                "'async with rw.reader:' or 'async with rw.writer:'"
-            )
+            raise self._sides_only()
 
         async def __aexit__(self, *exc_info: object) -> None:  # never reached
-            raise TypeError(f"ReadWriteLock {self._name!r}: use 'async with rw.reader'")
+            raise self._sides_only()
 
     @property
     def name(self) -> str:

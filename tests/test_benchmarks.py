@@ -127,18 +127,7 @@ def test_a_run_without_out_writes_nothing_under_benchmarks_results() -> None:
     lines say info, and the run exits 0.
     """
     before = _results_state()
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.waiting", "--quick"),
-            *("--clients", "20", "--processes", "1", "--window", "1"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    said = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    done, said = _small_waiting_run("-m", "benchmarks.waiting", "--quick")
     assert done.returncode == 0, said
     assert _results_state() == before, "a run without --out changed benchmarks/results/"
     assert f"wrote {DEFAULT_OUT / 'waiting.json'}" in done.stdout, said
@@ -153,6 +142,19 @@ def test_a_run_without_out_writes_nothing_under_benchmarks_results() -> None:
         assert ignored.returncode == 0, "benchmarks/out/ is not in .gitignore"
 
 
+def _small_waiting_run(*how: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``python HOW`` with benchmarks.waiting's small size (20 clients, 1 process, 1 s)."""
+    done = subprocess.run(
+        [sys.executable, *how, "--clients", "20", "--processes", "1", "--window", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    return done, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
 @pytest.mark.timeout(120)
 def test_a_missed_target_is_a_fail_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     """A full-size run that misses a target prints FAIL and exits 3 (1 is kept for errors).
@@ -164,18 +166,7 @@ def test_a_missed_target_is_a_fail_line_and_a_nonzero_exit(tmp_path: Path) -> No
         "import sys, benchmarks.waiting as w; w.TARGET_HANDOFF = 0.0; "
         "sys.exit(w.main(sys.argv[1:]))"
     )
-    done = subprocess.run(
-        [
-            *(sys.executable, "-c", code, "--clients", "20", "--processes", "1"),
-            *("--window", "1", "--out", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    said = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    done, said = _small_waiting_run("-c", code, "--out", str(tmp_path))
     assert done.returncode == EXIT_MISSED, said
     assert "FAIL  at most 0 commands per hand-off" in done.stdout, said
     assert (tmp_path / "waiting.json").is_file()
