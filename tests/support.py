@@ -37,6 +37,7 @@ __all__ = [
     "EXAMPLES",
     "LOOPS",
     "CriticalSection",
+    "Lateness",
     "LossRecorder",
     "Own",
     "all_keys",
@@ -320,6 +321,45 @@ def names_value(arg: str, value: object) -> str:
 def all_keys(name: str) -> str:
     """A ``KEYS`` pattern for every key of lock ``name`` (any prefix, any companion)."""
     return f"*{Keys(name, prefix='').lock}*"
+
+
+class Lateness:
+    """How late this event loop's timers fire while it runs: the load a test runs under.
+
+    A task ticks every ``tick`` seconds and writes down how late each tick
+    woke. On an idle machine the ticks are a fraction of a millisecond late;
+    with busy processes beside the suite the loop waits for a core, and every
+    step of a chain of awaits (a timer, a reply, a retry) waits as long.
+    :meth:`between` sums the lateness of the ticks in a window: what a bound
+    on that window adds so that it holds on a loaded machine and still fails
+    on an idle one when the library is slow. Use it as ``async with``.
+    """
+
+    def __init__(self, tick: float = 0.01) -> None:
+        self.tick = tick
+        self._ticks: list[tuple[float, float]] = []  # (woke at, how late)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            due = time.monotonic() + self.tick
+            await asyncio.sleep(self.tick)
+            woke = time.monotonic()
+            self._ticks.append((woke, max(woke - due, 0.0)))
+
+    async def __aenter__(self) -> Lateness:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def between(self, start: float, end: float) -> float:
+        """The lateness of the ticks that woke from ``start`` to ``end`` (monotonic), summed."""
+        return sum(late for woke, late in self._ticks if start <= woke <= end + self.tick)
 
 
 async def holds_on_server(lock: Any) -> bool:

@@ -198,12 +198,20 @@ async def test_a_batch_call_that_fails_is_retried_within_each_lease(
 
         await eventually(broken, "a batch call to break", timeout=1.0)
         await hold_throughout(subject, locks, 3 * TTL)
-    failed = [e for e in events if e.kind == "renewal_failed"]
-    assert {id(e.lock) for e in failed} >= {id(lock) for lock in locks[:2]}
+    told = {e.lock.name for e in events if e.kind == "renewal_failed"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(re.match(r"renewal of lock '.*' and \d+ more .*failed", w) for w in warnings), (
-        warnings
-    )
+    batches = [
+        match
+        for w in warnings
+        if (match := re.match(r"renewal of lock '([^']*)' and (\d+) more \('([^']*)'", w))
+    ]
+    assert batches, warnings
+    # Which holdings share a batch depends on when each came due (a loaded
+    # machine spreads them out): every member a warning names was told, and
+    # at least as many as the batch had.
+    for batch in batches:
+        assert {batch[1], batch[3]} <= told, (batch[0], told)
+        assert len(told) >= 1 + int(batch[2]), (batch[0], told)
     assert not [e for e in events if e.kind == "lost"]
     for lock in locks:
         await lock.release()

@@ -44,7 +44,15 @@ from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from support import all_keys, eventually, in_use_connections, keys_of, listeners_gone, other_tasks
+from support import (
+    Lateness,
+    all_keys,
+    eventually,
+    in_use_connections,
+    keys_of,
+    listeners_gone,
+    other_tasks,
+)
 
 from aiolock import AsyncLock, LockError, LockLostError, backoff
 from aiolock._keys import Keys
@@ -566,13 +574,16 @@ async def test_restart_while_holding_breaks_exclusion_for_one_renewal_period_at_
         restarted.append(time.monotonic())
         await admin.connection_pool.disconnect()  # its connection died with the old server
 
-    await through_a_fault(
-        scene, long_lock, restart, after_loss=lambda: accepted.append(work.fenced.accepted)
-    )
+    async with Lateness() as late:
+        await through_a_fault(
+            scene, long_lock, restart, after_loss=lambda: accepted.append(work.fenced.accepted)
+        )
     figures = scene.verdict("restart while holding", long_lock)
     learned = work.losses[0][1] - restarted[0]
-    assert learned <= learning_bound(ttl), f"learned {learned:.3f} s after; {figures}"
-    assert work.mutex.overlap_span <= learning_bound(ttl), figures
+    # The load of the machine meanwhile (the loop's timers late, summed) adds to the bound.
+    bound = learning_bound(ttl) + late.between(restarted[0], work.losses[0][1])
+    assert learned <= bound, f"learned {learned:.3f} s after (bound {bound:.3f} s); {figures}"
+    assert work.mutex.overlap_span <= bound, figures
     assert work.fenced.lost == 0, figures
     assert work.fenced.accepted - accepted[0] >= PHASE, f"fences went back; {figures}"
     assert await admin.get(fence_key(long_lock)) is not None, "the fencing counter is gone"
@@ -617,41 +628,48 @@ async def test_kill_and_restart_while_many_wait_strands_no_waiter(
         while not await work.hold(lock, body):
             assert time.monotonic() < deadline, "a waiter never got the lock"
 
-    try:
-        holder = await work.let_in(holder_lock, lambda: work.cycle_until_cancelled(holder_lock))
-        waiters = [asyncio.create_task(wait_once(new_lock(c))) for c in clients for _ in range(10)]
-        await eventually(
-            lambda: sum(AsyncLock(c, scene.name).statistics().tasks_waiting for c in clients) == 30,
-            "30 waiters",
-        )
-        await asyncio.sleep(0.1)  # the heads of clients 1 and 2 settle into their wait
-        errors_before = len(work.errors)
-        killed = time.monotonic()
-        srv.kill()
-        await eventually(lambda: len(work.errors) > errors_before, "a waiter's error")
-        first_error = time.monotonic() - killed
-        await asyncio.sleep(0.3)
-        restarting = time.monotonic()
-        await asyncio.to_thread(srv.restart)
-        up = time.monotonic()
-        await admin.connection_pool.disconnect()  # its connection died with the old server
-        done, _ = await asyncio.wait(waiters, timeout=5.0)
-        assert len(done) == len(waiters), f"{len(waiters) - len(done)} waiters stranded"
-        for task in done:
-            task.result()
-        assert not await asyncio.wait_for(holder, 2 * ttl), (
-            "the holder's exit did not report the loss"
-        )
-    finally:
-        await cancel_all([*([holder] if holder else []), *waiters])
+    async with Lateness() as late:
+        try:
+            holder = await work.let_in(holder_lock, lambda: work.cycle_until_cancelled(holder_lock))
+            waiters = [
+                asyncio.create_task(wait_once(new_lock(c))) for c in clients for _ in range(10)
+            ]
+            await eventually(
+                lambda: (
+                    sum(AsyncLock(c, scene.name).statistics().tasks_waiting for c in clients) == 30
+                ),
+                "30 waiters",
+            )
+            await asyncio.sleep(0.1)  # the heads of clients 1 and 2 settle into their wait
+            errors_before = len(work.errors)
+            killed = time.monotonic()
+            srv.kill()
+            await eventually(lambda: len(work.errors) > errors_before, "a waiter's error")
+            first_error = time.monotonic() - killed
+            await asyncio.sleep(0.3)
+            restarting = time.monotonic()
+            await asyncio.to_thread(srv.restart)
+            up = time.monotonic()
+            await admin.connection_pool.disconnect()  # its connection died with the old server
+            done, _ = await asyncio.wait(waiters, timeout=5.0)
+            assert len(done) == len(waiters), f"{len(waiters) - len(done)} waiters stranded"
+            for task in done:
+                task.result()
+            assert not await asyncio.wait_for(holder, 2 * ttl), (
+                "the holder's exit did not report the loss"
+            )
+        finally:
+            await cancel_all([*([holder] if holder else []), *waiters])
     figures = scene.verdict("kill and restart while waiting", holder_lock)
     assert first_error < 0.5, f"the first waiter's error came {first_error:.3f} s after"
     assert len(got_it) == 30, figures
     assert min(got_it) >= restarting, "a waiter got the lock while the server was dead"
     learned = work.losses[0][1] - up
-    assert learned <= learning_bound(ttl), f"learned {learned:.3f} s after; {figures}"
+    # The load of the machine meanwhile (the loop's timers late, summed) adds to the bound.
+    bound = learning_bound(ttl) + late.between(up, work.losses[0][1])
+    assert learned <= bound, f"learned {learned:.3f} s after (bound {bound:.3f} s); {figures}"
     assert all(holder_lock in pair for pair in work.mutex.pairs), "two waiters overlapped"
-    assert work.mutex.overlap_span <= learning_bound(ttl), figures
+    assert work.mutex.overlap_span <= bound, figures
     assert work.fenced.lost == 0, figures
     rejected = set(waiter_fences) - set(work.fenced.accepted_fences)
     assert not rejected, f"fences went back: {len(rejected)} waiters rejected; {figures}"
@@ -690,10 +708,12 @@ async def test_server_paused_past_the_lease_never_lets_two_bodies_overlap(
             srv.resume()
         paused.append(time.monotonic())
 
-    await through_a_fault(scene, long_lock, pause_past_the_lease)
+    async with Lateness() as late:
+        await through_a_fault(scene, long_lock, pause_past_the_lease)
     figures = scene.verdict("server paused past the lease", long_lock)
     lost_at = work.losses[0][1]
-    assert lost_at <= paused[0] + ttl + SLACK, f"lost {lost_at - paused[0]:.3f} s into the pause"
+    bound = ttl + SLACK + late.between(paused[0], lost_at)  # the machine's load adds to it
+    assert lost_at <= paused[0] + bound, f"lost {lost_at - paused[0]:.3f} s into the pause"
     assert lost_at < paused[1], "the loss was declared only after the server came back"
     assert work.mutex.overlaps == 0, figures
     assert work.plain.lost == 0, figures
