@@ -16,7 +16,7 @@ expiry) and :mod:`aiolock.backoff` for the waiting policies.
 from . import backoff
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._guard import guard
-from ._holding import LockStatistics
+from ._leaselock import LockStatistics
 from ._lock import AsyncLock
 from ._observe import LockEvent, add_observer, remove_observer
 from ._redlock import Redlock

@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Final, final
+from typing import Final, NoReturn, final
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -33,6 +33,7 @@ __all__ = [
     "check_seconds",
     "check_timeout",
     "check_ttl",
+    "refuse_redis_py_extend",
     "shared",
     "to_ms",
     "too_long",
@@ -262,3 +263,24 @@ def check_refused(primitive: str, refused: Mapping[str, object]) -> None:
         if why is None:
             raise TypeError(f"{primitive}() got an unexpected keyword argument {option!r}")
         raise TypeError(f"{primitive} does not take {option}: {why}")
+
+
+def refuse_redis_py_extend(
+    positional: tuple[object, ...], keywords: Mapping[str, object]
+) -> NoReturn:
+    """The ``TypeError`` for redis-py's ``extend(additional_time, replace_ttl=...)``."""
+    unknown = sorted(set(keywords) - {"additional_time", "replace_ttl"})
+    if unknown:
+        raise TypeError(f"extend() got an unexpected keyword argument {unknown[0]!r}")
+    given = positional[0] if positional else keywords.get("additional_time")
+    if positional or "additional_time" in keywords:
+        raise TypeError(
+            f"extend() takes no additional_time (got {given!r}): redis-py's "
+            "extend(additional_time) adds that many seconds to the lease, aiolock's "
+            "extend(ttl=...) resets the lease to ttl seconds from now (later renewals "
+            "use it too); write extend(ttl=seconds)"
+        )
+    raise TypeError(
+        "extend() takes no replace_ttl: aiolock's extend(ttl=...) always replaces the "
+        "lease, as redis-py's extend(t, replace_ttl=True) does; write extend(ttl=t)"
+    )

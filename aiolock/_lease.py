@@ -59,7 +59,7 @@ from ._scripts import (
     RELEASE,
     Script,
 )
-from ._timers import Cutoff, Timer
+from ._timers import GRACE, Cutoff, Timer
 from ._wire import ReplyLost, Wire
 
 if TYPE_CHECKING:
@@ -83,8 +83,6 @@ __all__ = [
 
 logger = logging.getLogger("aiolock")
 
-#: How long a release (or hand-over) may run past the holding's lease end before it is cut off.
-GRACE: Final = 0.1
 #: The longest a cleanup (undoing an attempt, finishing a cancelled release) may take.
 CLEANUP_BOUND: Final = 1.0
 #: How long past its deadline an attempt may wait for a connection to the server when

@@ -9,9 +9,10 @@ from redis.asyncio import Redis, RedisCluster
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
-from ._holding import LeaseLock, LockStatistics
 from ._keys import DEFAULT_PREFIX
 from ._lease import server_lease
+from ._leaselock import LeaseLock, LockStatistics
+from ._options import Options
 from ._types import Client
 
 __all__ = ["AsyncLock", "LockStatistics"]
@@ -187,15 +188,17 @@ class AsyncLock(LeaseLock):
         )
         super().__init__(
             lease,
-            ttl,
-            timeout,
-            blocking,
-            backoff,
-            auto_renew,
-            on_lost,
-            cancel_on_lost,
-            reentrant,
-            max_hold,
+            Options.of(
+                ttl=ttl,
+                timeout=timeout,
+                blocking=blocking,
+                backoff=backoff,
+                auto_renew=auto_renew,
+                on_lost=on_lost,
+                cancel_on_lost=cancel_on_lost,
+                reentrant=reentrant,
+                max_hold=max_hold,
+            ),
         )
 
     def __repr__(self) -> str:

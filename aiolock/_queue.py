@@ -26,25 +26,30 @@ import asyncio
 import contextlib
 import enum
 import os
+import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, final
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from ._checks import shared
 from ._exceptions import LockError
-from ._timers import Cutoff
+from ._timers import GRACE, Cutoff, Timer
 
 __all__ = [
     "LOCAL_RUN",
     "Entry",
     "Grant",
+    "HandsOver",
     "Heir",
     "LocalQueue",
     "Turn",
     "Undo",
     "existing_queue",
+    "hand_over",
     "queue_for",
     "queues_of",
 ]
@@ -96,6 +101,26 @@ class Heir(Protocol):
 
     #: The lease (seconds) an acquisition through it asks for.
     ttl: float
+
+    def undo(self, token: str) -> Awaitable[None]:
+        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        ...
+
+
+class HandsOver(Protocol):
+    """What a releaser hands over through: the lease of its lock object."""
+
+    def hand_over(
+        self, token: str, heir: object, heir_token: str, may_yield: bool
+    ) -> Awaitable[tuple[int, int] | None]:
+        """Swap ``token`` for ``heir_token`` on the server; None if this lease cannot."""
+        ...
+
+    def release(
+        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
+    ) -> Awaitable[bool]:
+        """Delete the key if it holds ``token``; False if it no longer did."""
+        ...
 
     def undo(self, token: str) -> Awaitable[None]:
         """Delete the key if it holds ``token``: shielded, bounded, best effort."""
@@ -265,6 +290,67 @@ class LocalQueue:
 
 
 _queues: weakref.WeakKeyDictionary[Any, dict[str, LocalQueue]] = weakref.WeakKeyDictionary()
+
+
+async def hand_over(
+    lease: HandsOver,
+    queue: LocalQueue,
+    entry: Entry,
+    *,
+    name: str,
+    token: str,
+    lease_end: float,
+    task: asyncio.Task[Any],
+    spare: Timer | None,
+) -> bool:
+    """Release the holding of ``token`` straight to the reserved local waiter ``entry``.
+
+    Bounded by the releaser's lease, like a plain release (cut off at
+    ``lease_end`` + :data:`~aiolock._timers.GRACE`). Returns
+    whether the key was still ours. Whatever happens, ``entry`` gets the
+    baton: with the lock (a :class:`Grant`), to contend for it, or, when the
+    hand-over was cut off and may have run, to delete the token it may have
+    been given first (an :class:`Undo`).
+
+    Raises:
+        redis.exceptions.TimeoutError: no answer before the cut-off; the key
+            expires by itself.
+    """
+    heir_token = os.urandom(16).hex()
+    sent = time.monotonic()
+    may_yield = sent - queue.run_started >= LOCAL_RUN
+    try:
+        with Cutoff(lease_end + GRACE, task, spare) as cutoff:
+            reply = await lease.hand_over(token, entry.heir, heir_token, may_yield)
+    except BaseException:
+        # It may have run: make sure neither token keeps the key, then let the heir contend.
+        queue.give(entry, Turn.CONTEND)
+        await lease.undo(heir_token)
+        await lease.undo(token)
+        raise
+    if cutoff.expired:
+        # It may have run and given the heir's token a fresh lease: the heir takes that
+        # back before it contends (or we do, if it gave up meanwhile), so that this
+        # release ends by the lease. Our own key has expired by now (its lease is over).
+        if not queue.give(entry, Undo(heir_token)):
+            await lease.undo(heir_token)
+        raise RedisTimeoutError(
+            f"releasing lock {name!r}: no answer before its lease ended; "
+            "the server expires the key by itself"
+        )
+    if reply is None:
+        # This lease cannot hand over: release, then let the heir contend.
+        try:
+            return await lease.release(token, lease_end, task, None)
+        finally:
+            queue.give(entry, Turn.CONTEND)
+    if reply[0] == 1:
+        if not queue.give(entry, Grant(heir_token, sent, reply[1])):
+            await lease.undo(heir_token)  # the heir gave up meanwhile
+        return True
+    # 2: it went to the first waiter of the queue on the server; the heir queues up.
+    queue.give(entry, Turn.CONTEND)
+    return bool(reply[0])
 
 
 def queues_of(client: object) -> dict[str, LocalQueue]:

@@ -14,9 +14,10 @@ from redis.asyncio import Redis, RedisCluster
 
 from . import backoff as _backoff
 from ._checks import check_seconds
-from ._holding import LeaseLock
 from ._keys import DEFAULT_PREFIX, Keys
 from ._lease import ServerLease
+from ._leaselock import LeaseLock
+from ._options import Options
 from ._quorum import QuorumLease, address, check_lease
 
 __all__ = ["Redlock"]
@@ -226,15 +227,17 @@ class Redlock(LeaseLock):
         self._quorum = lease.quorum
         super().__init__(
             lease,
-            ttl,
-            timeout,
-            blocking,
-            backoff,
-            auto_renew,
-            on_lost,
-            cancel_on_lost,
-            reentrant,
-            max_hold,
+            Options.of(
+                ttl=ttl,
+                timeout=timeout,
+                blocking=blocking,
+                backoff=backoff,
+                auto_renew=auto_renew,
+                on_lost=on_lost,
+                cancel_on_lost=cancel_on_lost,
+                reentrant=reentrant,
+                max_hold=max_hold,
+            ),
         )
 
     def __repr__(self) -> str:

@@ -1,21 +1,12 @@
-"""One holding of a lock, and the renewals that keep the leases of an event loop alive.
+"""The renewals that keep the leases of an event loop's holdings alive.
 
-A *holding* is one successful acquisition: its token, its owner task, and
-its lease as this process sees it. The lease end is measured on the
-monotonic clock from the moment the ``SET`` (or the last successful extend)
-was *sent*, so the server, which started its clock later, can never expire
-the key before this process thinks the lease has run out. A lease may count
-less than it asks for (Redlock subtracts the clock drift allowance): ``ttl``
-is what the server is asked for, ``span`` what the holder counts.
-
-Holdings are renewed every ``span/3`` by their event loop's
-:class:`Renewer`: one asyncio task for every holding of the loop, which
-renews the holdings due in the same window together, one server call per
-batch (:meth:`~aiolock._lease.Lease.extend_many`: one per client and, on a
-cluster, per hash slot; one per node for Redlock), at most
+A holding (:mod:`aiolock._holding`) is renewed every ``span/3`` by its
+event loop's :class:`Renewer`: one asyncio task for every holding of the
+loop, which renews the holdings due in the same window together, one server
+call per batch (:meth:`~aiolock._lease.Lease.extend_many`: one per client
+and, on a cluster, per hash slot; one per node for Redlock), at most
 :data:`~aiolock._lease.BATCH_MOST` holdings a call. A renewal due within a
-twelfth of its lease joins the batch of one due now, so thousands of
-holdings cost tens of calls a second, not thousands (Redisson's watchdog
+twelfth of its lease joins the batch of one due now (Redisson's watchdog
 batches for the same reason). Each holding keeps its own outcome: renewed,
 or lost with its own reason, told to its own lock. A holding joins the
 renewer at its first renewal point (a short holding never does), and
@@ -28,7 +19,7 @@ on CPython 3.11, or by ``gather``; a lock handed to a background job) is
 renewed until it is released or lost. It holds its lock object only weakly:
 a holding that nobody can release any more (its lock object was
 garbage-collected, or its event loop shut down) is reported as never
-released (:func:`never_released`), and its renewal stops, so that the key
+released (:func:`~aiolock._holding.never_released`), and its renewal stops, so that the key
 expires with its lease.
 
 A holding is declared lost when the server says the key is gone or is not
@@ -46,26 +37,22 @@ believing it still holds the lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import heapq
 import itertools
 import logging
 import math
-import threading
 import time
-import warnings
 import weakref
 from collections.abc import Hashable
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, final
 
 from ._cancel import finish
-from ._checks import shared
-from ._lease import BATCH_MOST, Extension, Lease
-from ._queue import LocalQueue
-from ._timers import Timer, call_at
+from ._holding import Holding, Watcher, never_released
+from ._lease import BATCH_MOST, Extension
+from ._timers import call_at
 
-__all__ = ["Holding", "Renewer", "Watcher", "never_released", "renewer_for"]
+__all__ = ["Renewer", "renewer_for"]
 
 logger = logging.getLogger("aiolock")
 
@@ -76,149 +63,6 @@ _RETRY_MAX: Final = 1.0
 EARLY_SHARE: Final = 1 / 12
 #: The most names a WARNING about a failed batch lists.
 _NAMED: Final = 3
-
-
-@final
-class Holding:
-    """The state of one acquisition, shared by the lock and its renewer."""
-
-    __slots__ = (
-        "acquired_at",
-        "callbacks",
-        "capped",
-        "depth",
-        "due",
-        "ended",
-        "entry",
-        "extending",
-        "fence",
-        "flight",
-        "flying_end",
-        "has_baton",
-        "hold_end",
-        "lease",
-        "lease_end",
-        "loop",
-        "loss_reason",
-        "lost",
-        "name",
-        "queue",
-        "renewal",
-        "renewed_at",
-        "renewer",
-        "span",
-        "task",
-        "thread",
-        "timer",
-        "token",
-        "ttl",
-        "watcher",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        token: str,
-        task: asyncio.Task[Any],
-        ttl: float,
-        span: float,
-        sent: float,
-        fence: int | None,
-        queue: LocalQueue,
-        lease: Lease,
-    ) -> None:
-        self.name = name  # the lock's, for messages
-        self.lease = lease  # renewed through it
-        self.token = token
-        self.queue = queue  # the local queue whose baton it holds
-        self.thread = shared(threading.get_ident())  # the thread whose event loop it belongs to
-        # The task that acquired; None once it has ended (the holding is detached, and
-        # keeps nothing of it: a done task holds its coroutine, context and result).
-        self.task: asyncio.Task[Any] | None = task
-        self.loop = task.get_loop()  # the event loop it belongs to
-        self.ttl = ttl  # asked of the server
-        self.span = span  # counted by the holder
-        self.renewed_at = sent
-        self.lease_end = sent + span
-        self.acquired_at = sent
-        # The end of the holding's cap (max_hold) on the monotonic clock, or infinity;
-        # ``capped``: the lease last asked for ends at the cap (no renewal after it).
-        self.hold_end = math.inf
-        self.capped = False
-        self.fence = fence
-        self.depth = 1
-        self.lost = False
-        self.loss_reason = ""
-        self.ended = False
-        self.has_baton = True
-        self.timer: Timer | None = None
-        # Renewal: the renewer it belongs to, with its lock (weakly), when it is due
-        # next, the number of its entry in the renewer's heap (-1: none), the renewal
-        # call in flight for it with the lease end it would give, and whether an
-        # extend() of the holder is in flight.
-        self.renewer: Renewer | None = None
-        self.watcher: weakref.ref[Watcher] | None = None
-        self.due = 0.0
-        self.entry = -1
-        self.flight: asyncio.Task[Any] | None = None
-        self.flying_end = 0.0
-        self.extending = False
-        #: The renewer's task, when the end of this holding ended it: its release awaits it.
-        self.renewal: asyncio.Task[None] | None = None
-        #: ``on_lost`` coroutines still running (a tuple: most holdings never have one).
-        self.callbacks: tuple[asyncio.Future[Any], ...] = ()
-
-    def is_lost(self) -> bool:
-        """Whether the holding has been declared lost (a method, so checkers re-read it)."""
-        return self.lost
-
-    @property
-    def live(self) -> bool:
-        """Neither ended (released, or given up) nor lost."""
-        return not (self.ended or self.lost)
-
-    def renewed(self, sent: float, ttl: float, span: float, *, capped: bool = False) -> None:
-        """Record a confirmed extend sent at ``sent`` (``span`` s as counted).
-
-        ``ttl`` is the lease later renewals ask for; ``capped``: the lease
-        asked for was cut to end at the holding's cap.
-        """
-        self.ttl = ttl
-        self.span = span
-        self.renewed_at = sent
-        self.lease_end = sent + span
-        self.capped = capped
-
-    def next_due(self) -> float:
-        """When the renewer should look at this holding next: its renewal, or its cap."""
-        if self.capped:  # the lease ends at the cap: nothing more to renew
-            return min(self.hold_end, self.lease_end)
-        return min(self.renewed_at + self.span / 3, self.hold_end)
-
-    def asked(self, ttl: float, now: float) -> float:
-        """The lease to ask for at ``now``: ``ttl``, cut to end at the cap (``max_hold``)."""
-        return min(ttl, self.hold_end - now)
-
-    def cap_reached(self, now: float) -> bool:
-        """Whether the holding has lasted its cap at ``now`` (its last lease ended there)."""
-        return now >= self.hold_end or (self.capped and now >= self.lease_end)
-
-    def cap_reason(self) -> str:
-        """Why a holding that reached its cap is lost."""
-        cap = self.hold_end - self.acquired_at
-        return f"it was held for max_hold={cap:g} s, the cap of one holding"
-
-
-class Watcher(Protocol):
-    """What the renewer tells of a holding: the lock it belongs to."""
-
-    def _declare_lost(self, holding: Holding, reason: str) -> None:
-        """Mark ``holding`` lost with ``reason`` (idempotent)."""
-        ...
-
-    def _renewed(self, holding: Holding, error: BaseException | None) -> None:
-        """One renewal of ``holding`` reset its lease (None), or failed (the error)."""
-        ...
 
 
 @final
@@ -604,48 +448,3 @@ def _declare_lost(holding: Holding, reason: str) -> None:
         lock._declare_lost(holding, reason)
     elif holding.renewer is not None:  # pragma: no cover - its lock is gone: it was reported
         holding.renewer.remove(holding)
-
-
-def never_released(holding: Holding, why: str) -> None:
-    """``holding`` can no longer be released by anyone: say so, stop renewing it.
-
-    A ``ResourceWarning`` (and a WARNING record) names the lock; the holding
-    ends here, its timer and its renewal stop, and the server expires the
-    key with its lease. Safe from any thread, and from a garbage collection
-    that interrupts the renewer: the renewal is stopped by a callback of the
-    holding's loop.
-    """
-    if not holding.live:
-        return
-    holding.ended = True
-    message = (
-        f"lock {holding.name!r} was never released ({why}); its renewal stopped and "
-        "the server expires the key with its lease. Release what you acquire: "
-        "async with, or release() in a finally"
-    )
-    try:
-        warnings.warn(message, ResourceWarning, stacklevel=2)
-    finally:
-        logger.warning("%s", message)
-        _stop(holding)
-
-
-def _stop(holding: Holding) -> None:
-    """Stop the holding's timer and renewal, in its loop's thread, soon."""
-    timer, renewer = holding.timer, holding.renewer
-    holding.timer = None
-    if timer is None and renewer is None:
-        return
-    loop = holding.loop
-
-    def stop() -> None:
-        if timer is not None:
-            timer.cancel()
-        if renewer is not None:
-            renewer.remove(holding)
-
-    with contextlib.suppress(RuntimeError):  # its loop is closed: nothing of it runs any more
-        if holding.thread == threading.get_ident():
-            loop.call_soon(stop)
-        else:
-            loop.call_soon_threadsafe(stop)

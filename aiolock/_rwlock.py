@@ -22,9 +22,11 @@ from redis.asyncio import Redis
 from . import backoff as _backoff
 from ._checks import UNSET, Unset, check_bool, check_client, check_refused, check_ttl
 from ._exceptions import LockError
-from ._holding import LeaseLock, current_task
+from ._holding import current_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
 from ._lease import ServerLease
+from ._leaselock import LeaseLock
+from ._options import Options
 from ._scripts import (
     RW_ACQUIRE,
     RW_EXTEND,
@@ -129,19 +131,8 @@ class RWSide(LeaseLock):
 
     __slots__ = ("_other", "_rw")
 
-    def __init__(self, rw: ReadWriteLock, lease: RWLease, options: dict[str, Any]) -> None:
-        super().__init__(
-            lease,
-            options["ttl"],
-            options["timeout"],
-            options["blocking"],
-            options["backoff"],
-            options["auto_renew"],
-            options["on_lost"],
-            options["cancel_on_lost"],
-            False,
-            options["max_hold"],
-        )
+    def __init__(self, rw: ReadWriteLock, lease: RWLease, options: Options) -> None:
+        super().__init__(lease, options)
         self._rw = rw
         self._other: RWSide | None = None
 
@@ -299,16 +290,18 @@ class ReadWriteLock:
         check_bool("notify", notify)
         check_bool("fair", fair)
         keys = keys_for(name, prefix, "rw")
-        options = {
-            "ttl": ttl,
-            "timeout": timeout,
-            "blocking": blocking,
-            "backoff": backoff,
-            "auto_renew": auto_renew,
-            "on_lost": on_lost,
-            "cancel_on_lost": cancel_on_lost,
-            "max_hold": max_hold,
-        }
+        # Checked once, for both sides.
+        options = Options.of(
+            ttl=ttl,
+            timeout=timeout,
+            blocking=blocking,
+            backoff=backoff,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            cancel_on_lost=cancel_on_lost,
+            reentrant=False,
+            max_hold=max_hold,
+        )
         self._name = name
         self._key = keys.lock
         self._ttl = ttl

@@ -19,9 +19,10 @@ from redis.asyncio import Redis
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_refused, check_ttl
-from ._holding import LeaseLock
 from ._keys import DEFAULT_PREFIX, keys_for
 from ._lease import ServerLease
+from ._leaselock import LeaseLock
+from ._options import Options
 from ._scripts import (
     SEMAPHORE_ACQUIRE,
     SEMAPHORE_EXTEND,
@@ -254,15 +255,17 @@ class Semaphore(LeaseLock):
         )
         super().__init__(
             lease,
-            ttl,
-            timeout,
-            blocking,
-            backoff,
-            auto_renew,
-            on_lost,
-            cancel_on_lost,
-            False,
-            max_hold,
+            Options.of(
+                ttl=ttl,
+                timeout=timeout,
+                blocking=blocking,
+                backoff=backoff,
+                auto_renew=auto_renew,
+                on_lost=on_lost,
+                cancel_on_lost=cancel_on_lost,
+                reentrant=False,
+                max_hold=max_hold,
+            ),
         )
 
     @property

@@ -30,7 +30,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, final
 
-__all__ = ["Cutoff", "Timer", "call_at", "spare_at"]
+__all__ = ["GRACE", "Cutoff", "Timer", "call_at", "spare_at"]
+
+#: How long a release (or hand-over) may run past the holding's lease end before it is cut off.
+GRACE: Final = 0.1
 
 #: The context the loop timer runs in: none of the task that armed it, which it
 #: would keep alive (a task's context refers to the task) until it fires.

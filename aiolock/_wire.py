@@ -83,6 +83,7 @@ __all__ = [
     "ReplyLost",
     "Trace",
     "Wire",
+    "slot_ahead",
     "translated",
 ]
 
@@ -770,3 +771,24 @@ class Wire:
     async def exists(self, key: str) -> bool:
         """``EXISTS key``: whether the key is there."""
         return bool(await self._send(("EXISTS", key)))
+
+
+async def slot_ahead(
+    lease: object, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]
+) -> Ahead | None:
+    """For a release: wait for a slot of the lease's client, its holding renewed meanwhile.
+
+    Behind thousands of other commands of the client (a service releasing
+    everything it holds at once), the release waits in the process's line
+    with its holding still renewed, so that its lease does not run out in
+    line. None when nothing is in line (the release goes out at once), or
+    when it was cancelled while it waited (the release goes on as it would
+    have without it, and is cancelled at its end).
+    """
+    wire = getattr(lease, "wire", None)
+    if not isinstance(wire, Wire) or not wire.crowded(loop):
+        return None
+    try:
+        return await wire.ahead(task)
+    except asyncio.CancelledError:
+        return None

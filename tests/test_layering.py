@@ -17,6 +17,7 @@ in a circle with it, since the package imports every public module.
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +184,45 @@ def test_the_graph_sees_the_package_imports() -> None:
     assert "aiolock.backoff" in targets["aiolock"]  # from . import backoff
     assert "aiolock" not in targets["aiolock._contend"]  # from . import backoff as _backoff
     assert "aiolock.testing" in targets["aiolock._cli"]  # inside a function
+
+
+def floors(graph: dict[str, list[Import]]) -> dict[str, int]:
+    """Each module's floor: one above the highest floor of what it imports (1: nothing)."""
+    found: dict[str, int] = {}
+
+    def floor(module: str) -> int:
+        if module not in found:
+            found[module] = 1 + max((floor(i.target) for i in graph[module]), default=0)
+        return found[module]
+
+    for module in graph:
+        floor(module)
+    return found
+
+
+def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
+    """docs/internals.md gives every module of the package its floor, as the imports make it.
+
+    The package itself, ``__main__`` and ``testing`` (which stands apart) are
+    not in the table; every other module is, once, on the floor it is on.
+    """
+    graph = import_graph(PACKAGE)
+    assert not import_cycles(graph)
+    computed = floors(graph)
+    page = (ROOT / "docs" / "internals.md").read_text()
+    table = page[page.index("| floor | module | owns |") :].split("\n\n", 1)[0].splitlines()[2:]
+    documented: dict[str, int] = {}
+    for row in table:
+        floor, modules = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        for name in re.findall(r"`([\w.]+)\.py`", modules):
+            assert f"aiolock.{name}" not in documented, f"{name}.py is in the table twice"
+            documented[f"aiolock.{name}"] = int(floor)
+    expected = {
+        module: floor
+        for module, floor in computed.items()
+        if module not in {"aiolock", "aiolock.__main__", "aiolock.testing"}
+    }
+    assert documented == expected
 
 
 # -- the check itself, on a package made for it ----------------------------------------------------

@@ -29,7 +29,7 @@ from support import (
     wait_for_paused_client,
 )
 
-from aiolock import AsyncLock, _holding, backoff
+from aiolock import AsyncLock, _queue, backoff
 from aiolock._lease import ENTRY_CAP
 from aiolock.testing import RedisServer
 
@@ -173,7 +173,7 @@ async def test_without_fair_one_client_runs_its_tasks_before_handing_to_the_queu
     other client's queueing could take longer than its 0.1 s, and the run
     would rightly yield to it first.)
     """
-    monkeypatch.setattr(_holding, "LOCAL_RUN", 5.0)
+    monkeypatch.setattr(_queue, "LOCAL_RUN", 5.0)
     holder = AsyncLock(client, name)
     assert await holder.acquire()
     served: list[str] = []
