@@ -1,6 +1,3 @@
---@include clock
---@include tell
---@include take
 -- A semaphore's permits. Its key, KEYS[1], is a sorted set of its holders: each
 -- permit's token, scored with when its lease ends, in the server's milliseconds (TIME).
 -- A permit whose lease has ended is dropped when met; the set expires with its last
@@ -21,23 +18,4 @@ local function give(heir, now, ms)
     redis.call('ZADD', KEYS[1], now + tonumber(ms), heir)
     keep()
     redis.call('PEXPIRE', KEYS[2], tonumber(ms) + QUEUE_SLACK_MS)
-end
-
--- grant_free(limit, now, channel, sharded): the grant rule: while a permit is free,
--- grant it to the first live waiter. Returns how many it granted.
-local function grant_free(limit, now, channel, sharded)
-    local granted = 0
-    while redis.call('ZCARD', KEYS[1]) < limit do
-        local heir = redis.call('LPOP', KEYS[2])
-        if not heir then
-            break
-        end
-        local ms, _, written, tag = take_entry(heir)
-        if ms then
-            give(heir, now, ms)
-            tell(channel, sharded, heir, ms, 0, written, tag)
-            granted = granted + 1
-        end
-    end
-    return granted
 end

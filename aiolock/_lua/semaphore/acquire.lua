@@ -16,7 +16,10 @@
 --     first permit's lease ends; the caller is then queued as by ACQUIRE. The caller
 --     takes a permit if one is free and no live waiter is queued before it (those
 --     before it are granted the free permits first).
+--@include clock
 --@include permits
+--@include tell
+--@include take
 --@include queue_up
 
 local now = now_ms()

@@ -15,7 +15,8 @@
 --     went to the queue's first live waiter instead (may_yield); otherwise {1, 0}: the
 --     next holder's token holds the permit now, with its lease (also when run again
 --     after its reply was lost).
---@include permits
+--@include clock
+--@include grant_permits
 
 local now = now_ms()
 local heirs = redis.call('ZSCORE', KEYS[1], ARGV[2])

@@ -9,7 +9,8 @@
 -- return 1 if the token held a permit, else 0. Takes the waiter out of the queue; gives
 --     back a permit its token held (a grant, or an attempt, that raced the giving up),
 --     granting it on.
---@include permits
+--@include clock
+--@include grant_permits
 
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('DEL', KEYS[2] .. ':' .. ARGV[1])

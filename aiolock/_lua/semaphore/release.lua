@@ -10,7 +10,8 @@
 --     granted to a live waiter; 1 if it released with nobody granted (an empty message
 --     then wakes the pollers); 0 if the token held no permit (nothing of anyone else's
 --     is touched). The free permits go to the first live waiters.
---@include permits
+--@include clock
+--@include grant_permits
 
 local now = now_ms()
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
