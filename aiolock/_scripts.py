@@ -304,6 +304,8 @@ class Script:
         """
         if values.keys() != self._names:
             raise self._mismatch(values.keys())
+        if self.more_keys is None and self.more_args is None:
+            return tuple([values[n] for n in self.keys]), tuple([values[n] for n in self.args])
         keys = [values[name] for name in self.keys]
         if self.more_keys is not None:
             keys += self._sequence(self.more_keys, values[self.more_keys])
@@ -357,14 +359,24 @@ class Script:
 
 @final
 class Bound:
-    """A script with the values of some of its names fixed (:meth:`Script.bind`)."""
+    """A script with the values of some of its names fixed (:meth:`Script.bind`).
 
-    __slots__ = ("_fixed", "script")
+    The order of the keys and arguments is worked out once, here: a call
+    only fills in the names it gives.
+    """
+
+    __slots__ = ("_arg_plan", "_fixed", "_key_plan", "_keys", "_needed", "script")
 
     def __init__(self, script: Script, fixed: dict[str, Any]) -> None:
         #: The script.
         self.script = script
         self._fixed = fixed
+        self._needed = script._names - fixed.keys()
+        # Each key and argument in order: (True, its fixed value) or (False, its name).
+        self._key_plan = tuple((n in fixed, fixed.get(n, n)) for n in script.keys)
+        self._arg_plan = tuple((n in fixed, fixed.get(n, n)) for n in script.args)
+        every_key = all(known for known, _ in self._key_plan) and script.more_keys is None
+        self._keys = tuple(v for _, v in self._key_plan) if every_key else None
 
     def call(self, **values: Any) -> Call:
         """The ``KEYS`` and ``ARGV`` of one call: the fixed values and ``values``.
@@ -372,7 +384,25 @@ class Bound:
         Raises:
             TypeError: a name is missing, unknown, or given again.
         """
-        return self.script.call(**self._fixed, **values)
+        if values.keys() != self._needed:
+            again = sorted(values.keys() & self._fixed.keys())
+            if again:
+                raise TypeError(f"{self.script.name}: {again} given again (bound already)")
+            raise self.script._mismatch(values.keys() | self._fixed.keys())
+        script = self.script
+        keys = self._keys
+        if keys is None:
+            listed = [v if known else values[v] for known, v in self._key_plan]
+            if script.more_keys is not None:
+                listed += script._sequence(script.more_keys, self._value(script.more_keys, values))
+            keys = tuple(listed)
+        args = [v if known else values[v] for known, v in self._arg_plan]
+        if script.more_args is not None:
+            args += script._sequence(script.more_args, self._value(script.more_args, values))
+        return keys, tuple(args)
+
+    def _value(self, name: str, values: dict[str, Any]) -> Any:
+        return self._fixed[name] if name in self._fixed else values[name]
 
     def __repr__(self) -> str:
         return f"<Bound {self.script.name} {sorted(self._fixed)}>"

@@ -467,11 +467,12 @@ async def test_a_release_passes_over_kept_entries_whose_mark_is_gone(
     await admin.set(keys.entry("own"), "2000 1 tag", px=2000)
     if marked:
         await admin.set(keys.mark("k1"), "1", px=2000)
+    holder = "holder"
     named, args = RELEASE.call(
         lock=keys.lock,
         queue=keys.queue,
         fence=keys.fence,
-        token="holder",
+        token=holder,
         channel=keys.channel,
         sharded="0",
     )
