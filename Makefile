@@ -70,9 +70,12 @@ soak: $(VENV)/.bench-installed
 scale: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks.scale $(SCALE_ARGS)
 
+# ruff, then the Lua scripts' lint (.ci/lualint.py: parse errors, undefined globals,
+# unused or redeclared locals, KEYS/ARGV against each script's header).
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
+	$(BIN)/python .ci/lualint.py
 
 types: $(VENV)/.dev-installed
 	$(BIN)/mypy $(SOURCES)

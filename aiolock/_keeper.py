@@ -228,8 +228,15 @@ class Keeper:
         look = [t for t in kept if tokens[t].extended >= due]
         dropped = self._dropped[:KEEP_MOST]
         del self._dropped[: len(dropped)]
-        args = (self.id, len(dropped), len(extend), _KEPT_MS, *dropped, *extend, *look)
-        found = await self.wire.run(KEEP, (self.queue,), args)
+        keys, args = KEEP.call(
+            queue=self.queue,
+            keeper=self.id,
+            drop=len(dropped),
+            extend=len(extend),
+            life=_KEPT_MS,
+            tokens=[*dropped, *extend, *look],
+        )
+        found = await self.wire.run(KEEP, keys, args)
         for token, there in zip((*extend, *look), found, strict=True):
             entry = tokens.get(token)
             if entry is None:

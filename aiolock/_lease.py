@@ -57,7 +57,9 @@ from ._scripts import (
     KEEPER_MARK_MS,
     LEAVE,
     RELEASE,
+    Bound,
     Script,
+    encode_entry,
 )
 from ._timers import GRACE, Cutoff, Timer
 from ._wire import ReplyLost, Wire
@@ -110,7 +112,7 @@ _CONTENDED_HINT: Final = 0.05
 #: What an attempt answers: ``(1, fence)`` or ``(0, code)`` (see the module docs).
 Reply = tuple[int, int]
 
-#: What an acquire script checks before it tries (its ``ARGV[5]``). QUEUED: the caller
+#: What an acquire script checks before it tries (its argument ``looks``). QUEUED: the caller
 #: may be queued, or granted the lock: it looks at the key and at the queue. LOOK: it
 #: looks at the key (another kind's fails with ``WRONGTYPE``; its own token, left by an
 #: earlier run whose reply was lost, is the lock). KNOWN: nothing to look at (the key is
@@ -478,15 +480,15 @@ def server_lease(
 
 
 def _extend_call(
-    batch: Sequence[Extension], suffix: str
+    script: Script, batch: Sequence[Extension], suffix: str
 ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
     """The keys and arguments of one ``*_EXTEND_MANY`` call renewing ``batch``."""
-    keys: list[str] = []
-    args: list[Any] = [suffix]
+    locks: list[str] = []
+    holdings: list[Any] = []
     for lease, token, ttl in batch:
-        keys.append(cast("ServerLease", lease).key)
-        args += (token, to_ms(ttl))
-    return tuple(keys), tuple(args)
+        locks.append(cast("ServerLease", lease).key)
+        holdings += (token, to_ms(ttl))
+    return script.call(locks=locks, suffix=suffix, holdings=holdings)
 
 
 def _extended(reply: Any) -> bool | Exception:
@@ -500,9 +502,8 @@ class ServerLease:
     """The lease of a lock on one server, or one slot of a cluster (see :class:`Lease`).
 
     A primitive whose key is not a plain lock subclasses it with scripts of
-    its own (:attr:`_ACQUIRE` and the others take the same keys and
-    arguments; :attr:`_release_args` may carry more, which the lock's
-    scripts ignore).
+    its own (:attr:`_ACQUIRE` and the others), and binds what they take
+    by name in :meth:`_bind`.
 
     It queues: a waiter that failed waits in the lock's queue on the server,
     and a release hands the lock to the first live waiter (docs/server-queue.md).
@@ -513,21 +514,23 @@ class ServerLease:
     """
 
     __slots__ = (
-        "_acquire_keys",
+        "_acquire",
         "_calls",
         "_cleanup",
         "_contended_until",
         "_entry_ms",
         "_fair",
+        "_leave",
         "_letter",
         "_listeners",
         "_ms",
         "_notify",
         "_queues",
-        "_release_args",
+        "_release",
         "_replica_fsync",
         "_replica_timeout",
         "_replicas",
+        "_sharded",
         "_site",
         "_slot",
         "accepts_grants",
@@ -594,8 +597,8 @@ class ServerLease:
         self.refresh_every = REFRESH_SHARE * life
         self._contended_until = 0.0
         self.gone = "the key was gone or held by another holder"
-        self._acquire_keys = (keys.lock, keys.queue, keys.fence)
-        self._release_args: tuple[str, ...] = (keys.channel, "1" if self.wire.cluster else "0")
+        #: The scripts' ``sharded`` argument: '1' on a cluster (sharded pub/sub).
+        self._sharded = "1" if self.wire.cluster else "0"
         self._site = site
         # Only holdings of one slot are renewed by one script call on a cluster.
         self._slot = key_slot(keys.lock.encode()) if self.wire.cluster else None
@@ -603,6 +606,21 @@ class ServerLease:
         self._listeners = site.listeners if notify else None
         # A fair lease's acquisitions in progress (their local queues), for statistics.
         self._calls: weakref.WeakSet[LocalQueue] | None = None  # (made at the first)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Bind the names of the kind's scripts whose values do not change from call to call."""
+        keys = self.keys
+        named = {
+            "lock": keys.lock,
+            "queue": keys.queue,
+            "fence": keys.fence,
+            "channel": keys.channel,
+            "sharded": self._sharded,
+        }
+        self._acquire: Bound = self._ACQUIRE.bind(**named, fencing="1" if self.fencing else "0")
+        self._release: Bound = self._RELEASE.bind(**named)
+        self._leave: Bound = self._LEAVE.bind(**named)
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease: a finite number of seconds, at least 1 ms."""
@@ -644,13 +662,13 @@ class ServerLease:
         listeners = self._listeners
         if not listeners:  # notify=False, or nobody of this client listens to anything
             return None
-        return _notify.generation_in(listeners, self._release_args[0])
+        return _notify.generation_in(listeners, self.keys.channel)
 
     async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
         """Listen for releases on the lock's channel (None with ``notify=False``)."""
         if self._listeners is None:
             return None
-        return await _notify.subscribe(self.wire.client, self._release_args[0], seen)
+        return await _notify.subscribe(self.wire.client, self.keys.channel, seen)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -830,51 +848,44 @@ class ServerLease:
             tag = (
                 ""
                 if self._listeners is None
-                else _notify.grant_tag(self.wire.client, self._release_args[0])
+                else _notify.grant_tag(self.wire.client, self.keys.channel)
             )
             # A grant's first lease is one entry life, which the heir renews; a waiter that
             # will not renew (auto_renew=False) asks for its whole lease.
             ms = self._entry_ms if renews else self._ms
-            entry = f"{ms}{self._letter} {number}"
             keeper = self._site.keeper(self.keys.queue)
             # Another waiter of this client queues on this name: the client's keeper keeps
             # this one's entry alive (with its mark's life: the entry life of a lease of
             # at least ENTRY_CAP).
             if renews and self._entry_ms == KEEPER_MARK_MS and keeper.others(token) > 0:
                 kept = True
-                entry = f"{entry} {tag} {keeper.id}"
                 life = _KEPT_MS
-            elif tag:
-                entry = f"{entry} {tag}"
+            entry = encode_entry(ms, self._letter, number, tag, keeper.id if kept else "")
             # Known from now on (the call's end forgets it, whatever happens).
             keeper.reserve(token, kept, shown)
-        args = (
-            token,
-            self._ms,
-            entry,
-            life,
-            looks,
-            "1" if self.fencing else "0",
-            *self._release_args,
+        keys, args = self._acquire.call(
+            token=token, ms=self._ms, entry=entry, entry_ms=life, looks=looks
         )
         if self._replicas:
             if trace is not None:
                 trace.reached = True  # (sent as a pipeline: assume it went out)
-            answer = await self._replicated(args)
+            answer = await self._replicated(token, keys, args)
         else:
-            keys = self._acquire_keys
+            script = self._acquire.script
             try:
-                reply = await self.wire.run(self._ACQUIRE, keys, args, once=True, trace=trace)
+                reply = await self.wire.run(script, keys, args, once=True, trace=trace)
             except ReplyLost:
                 if looks == KNOWN:
-                    args = (*args[:4], LOOK, *args[5:])
-                reply = await self.wire.run(self._ACQUIRE, keys, args, trace=trace)
+                    keys, args = self._acquire.call(
+                        token=token, ms=self._ms, entry=entry, entry_ms=life, looks=LOOK
+                    )
+                reply = await self.wire.run(script, keys, args, trace=trace)
             answer = (int(reply[0]), int(reply[1]))
         if keeper is not None and not answer[0] and answer[1] != NOT_HELD:
             keeper.register(token, shown)  # it stands in the queue from `shown` on
         return answer
 
-    async def _replicated(self, args: tuple[Any, ...]) -> Reply:
+    async def _replicated(self, token: str, keys: tuple[str, ...], args: tuple[Any, ...]) -> Reply:
         """An attempt that counts only once ``replicas`` replicas acknowledged it.
 
         The acquire script and ``WAIT`` (or ``WAITAOF``) go in one pipeline,
@@ -888,19 +899,19 @@ class ServerLease:
             else ("WAIT", self._replicas, wait_ms)
         )
         try:
-            taken, acked = await self.wire.run_then(ACQUIRE, self._acquire_keys, args, then)
+            taken, acked = await self.wire.run_then(ACQUIRE, keys, args, then)
         except ResponseError as exc:
             if not (self._replica_fsync and "waitaof" in str(exc).lower()):
                 raise
             # The script ran (the pipeline goes on past a failed command): undo it first.
-            await self.undo(args[0])
+            await self.undo(token)
             raise LockError(
                 f"lock {self.name!r}: replica_fsync=True needs the WAITAOF command, which "
                 f"Redis and Valkey have from 7.2 on; this server refused it ({exc})"
             ) from exc
         count = int(acked[1]) if self._replica_fsync else int(acked)
         if int(taken[0]) and count < self._replicas:
-            await self.undo(args[0])
+            await self.undo(token)
             logger.info(
                 "acquisition of lock %r not acknowledged by %d replicas within %s s "
                 "(%d did); released it",
@@ -1001,13 +1012,9 @@ class ServerLease:
         if bound <= 0:
             logger.debug("no time left to undo an attempt on %r (the lease expires it)", self.name)
             return False
+        keys, args = self._leave.call(token=token)
         try:
-            await run_shielded(
-                lambda: self.wire.run(
-                    self._LEAVE, self._acquire_keys, (token, *self._release_args)
-                ),
-                bound,
-            )
+            await run_shielded(lambda: self.wire.run(self._leave.script, keys, args), bound)
         except Exception as exc:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc
@@ -1035,9 +1042,9 @@ class ServerLease:
         Sent once; if its reply is lost, the key found no longer ours counts
         as freed by it (see :meth:`_release_once`).
         """
-        return bool(await self._release_once(RELEASE, token))
+        return bool(await self._release_once(token))
 
-    async def _release_once(self, script: Script, token: str) -> Any:
+    async def _release_once(self, token: str) -> Any:
         """Run a release script for ``token`` once; after a lost reply, ask again.
 
         The script is never sent twice blindly: run again after it freed (or
@@ -1048,8 +1055,8 @@ class ServerLease:
         holder that had lost the key in that very moment is then told it
         released; nothing else can tell the two apart.)
         """
-        keys = self._acquire_keys
-        args = (token, *self._release_args)
+        script = self._release.script
+        keys, args = self._release.call(token=token)
         try:
             return await self.wire.run(script, keys, args, once=True)
         except ReplyLost as lost:
@@ -1081,7 +1088,7 @@ class ServerLease:
         """
         try:
             with Cutoff(until + GRACE, task, spare) as cutoff:
-                reply = await self._release_once(self._RELEASE, token)
+                reply = await self._release_once(token)
         except asyncio.CancelledError:
             await self.undo(token)
             raise
@@ -1097,11 +1104,10 @@ class ServerLease:
     async def extend(self, token: str, ttl: float) -> bool:
         """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
         sent = time.monotonic()
-        extended = bool(
-            await self.wire.run(
-                self._EXTEND, (self.key,), (token, to_ms(ttl), self.keys.queue), urgent=True
-            )
+        keys, args = self._EXTEND.call(
+            lock=self.key, token=token, ms=to_ms(ttl), queue=self.keys.queue
         )
+        extended = bool(await self.wire.run(self._EXTEND, keys, args, urgent=True))
         self.wire.observe(time.monotonic() - sent)
         return extended
 
@@ -1122,7 +1128,7 @@ class ServerLease:
         suffix = self.keys.queue[len(self.key) :]  # the kind's queue suffix
         if not self.wire.cluster:
             sent = time.monotonic()
-            keys, args = _extend_call(batch, suffix)
+            keys, args = _extend_call(self._EXTEND_MANY, batch, suffix)
             replies = await self.wire.run(self._EXTEND_MANY, keys, args, urgent=True)
             self.wire.observe(time.monotonic() - sent)
             return [_extended(reply) for reply in replies]
@@ -1130,7 +1136,9 @@ class ServerLease:
         for i, (lease, _, _) in enumerate(batch):
             slots.setdefault(cast(ServerLease, lease)._slot, []).append(i)
         groups = list(slots.values())
-        calls = [_extend_call([batch[i] for i in group], suffix) for group in groups]
+        calls = [
+            _extend_call(self._EXTEND_MANY, [batch[i] for i in group], suffix) for group in groups
+        ]
         sent = time.monotonic()
         answers = await self.wire.run_each(self._EXTEND_MANY, calls, urgent=True)
         self.wire.observe(time.monotonic() - sent)
@@ -1151,15 +1159,19 @@ class ServerLease:
         """
         if type(heir) is not ServerLease or self._replicas or heir._replicas:
             return None
-        args = (
-            token,
-            heir_token,
-            heir._ms,
-            *self._release_args,
-            "1" if may_yield else "0",
-            "1" if heir.fencing else "0",
+        keys, args = HANDOVER.call(
+            lock=heir.keys.lock,
+            queue=heir.keys.queue,
+            fence=heir.keys.fence,
+            token=token,
+            heir=heir_token,
+            heir_ms=heir._ms,
+            channel=self.keys.channel,
+            sharded=self._sharded,
+            may_yield="1" if may_yield else "0",
+            heir_fencing="1" if heir.fencing else "0",
         )
-        reply = await self._hand_over_once(HANDOVER, heir._acquire_keys, args)
+        reply = await self._hand_over_once(HANDOVER, keys, args)
         if reply[0] == 2:
             self._contended_until = time.monotonic() + _CONTENDED_HINT
         return (int(reply[0]), int(reply[1]))

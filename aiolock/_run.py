@@ -86,8 +86,10 @@ from redis.exceptions import RedisClusterException, RedisError
 from ._exceptions import LockError, LockLostError, LockNotOwnedError
 from ._keys import Keys
 from ._lock import AsyncLock
+from ._scripts import STATUS_HOLDERS, decode_holders
 from ._semaphore import Semaphore
 from ._types import Client
+from ._wire import Wire
 
 __all__ = [
     "DEFAULT_URL",
@@ -876,39 +878,11 @@ async def _ask(
         return int(pttl), fence, None
     # The holders and the server's clock, in one script (a cluster client sends no
     # keyless TIME in a pipeline).
-    now, ends = await client.eval(_HOLDERS_SCRIPT, 1, keys.lock)
-    now_ms = int(now)
-    holders: list[tuple[str, float]] = []
-    for end in ends:
-        text = end.decode() if isinstance(end, bytes) else str(end)
-        with contextlib.suppress(ValueError):
-            at = int(text[1:])
-            if at > now_ms:
-                holders.append((text[:1], (at - now_ms) / 1000))
+    named, args = STATUS_HOLDERS.call(lock=keys.lock)
+    now_ms, ends = decode_holders(await Wire(client).run(STATUS_HOLDERS, named, args))
+    holders = [(holder, (at - now_ms) / 1000) for holder, at in ends if at > now_ms]
     holders.sort(key=lambda holder: holder[1])
     return int(pttl), fence, ("semaphore" if kind == "zset" else "read-write", holders)
-
-
-#: The holders of a semaphore's or a read-write lock's key, and the server's clock in
-#: ms: each holder as its kind ('p' a permit, 'r' a reader, 'w' the writer) and its end.
-_HOLDERS_SCRIPT: Final = """
-local t = redis.call('TIME')
-local ends = {}
-if redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
-    local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-    for i = 2, #members, 2 do
-        ends[#ends + 1] = 'p' .. members[i]
-    end
-else
-    local fields = redis.call('HGETALL', KEYS[1])
-    for i = 2, #fields, 2 do
-        if string.sub(fields[i - 1], 1, 1) ~= '=' then  -- ('=w' names the writer)
-            ends[#ends + 1] = fields[i]
-        end
-    end
-end
-return {tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), ends}
-"""
 
 
 def _fence(raw: bytes | None) -> int | None:

@@ -68,22 +68,33 @@ class RWLease(ServerLease):
     def __init__(
         self, client: Client, name: str, keys: Keys, ttl: float, kind: Kind, *, notify: bool
     ) -> None:
-        super().__init__(client, name, keys, ttl, notify=notify, fair=True)
         #: ``"r"`` for the readers' lease, ``"w"`` for the writer's.
         self.kind = kind
-        self._letter = kind
-        self._release_args = (*self._release_args, kind)
-        # The third key of the read-write scripts is the index of the holders' ends.
+        # The read-write scripts' key ``index``: the index of the holders' ends.
         self._index = keys.lock + RW_INDEX_SUFFIX
-        self._acquire_keys = (keys.lock, keys.queue, self._index)
+        super().__init__(client, name, keys, ttl, notify=notify, fair=True)
+        self._letter = kind
         self.gone = "the holding's lease was over, or its token no longer held"
         # An attempt's -1 means no lease end known; another library's key is a WRONGTYPE.
         self.foreign_without_expiry = False
 
+    def _bind(self) -> None:
+        """Bind the names of the read-write scripts (see :meth:`ServerLease._bind`)."""
+        keys = self.keys
+        named = {
+            "lock": keys.lock,
+            "queue": keys.queue,
+            "index": self._index,
+            "channel": keys.channel,
+            "sharded": self._sharded,
+        }
+        self._acquire = self._ACQUIRE.bind(**named, kind=self.kind)
+        self._release = self._RELEASE.bind(**named)
+        self._leave = self._LEAVE.bind(**named)
+
     async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
-        readers, writer, left, mine = await self.wire.run(
-            RW_STATE, (self.key, self._index), (token, asking)
-        )
+        keys, args = RW_STATE.call(lock=self.key, index=self._index, token=token, asking=asking)
+        readers, writer, left, mine = await self.wire.run(RW_STATE, keys, args)
         return int(readers), bool(int(writer)), int(left), bool(int(mine))
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:

@@ -75,20 +75,32 @@ class SemaphoreLease(ServerLease):
         fair: bool = False,
     ) -> None:
         shared = limit == 1 and not fair
+        #: How many permits there are.
+        self.limit = limit
         super().__init__(client, name, keys, ttl, notify=notify, fair=not shared)
         self.bare_first = False  # a SET NX means nothing on a sorted set
         self.foreign_without_expiry = False  # another library's key is a WRONGTYPE here
-        #: How many permits there are.
-        self.limit = limit
         #: The tasks of one client wait in one local queue (one permit, not fair).
         self.shared = shared
-        self._release_args = (*self._release_args, str(limit))
         self.gone = "the permit's lease was over, or its token no longer held one"
 
+    def _bind(self) -> None:
+        """Bind the names of the semaphore's scripts (see :meth:`ServerLease._bind`)."""
+        keys = self.keys
+        named = {
+            "lock": keys.lock,
+            "queue": keys.queue,
+            "channel": keys.channel,
+            "sharded": self._sharded,
+            "limit": str(self.limit),
+        }
+        self._acquire = self._ACQUIRE.bind(**named)
+        self._release = self._RELEASE.bind(**named)
+        self._leave = self._LEAVE.bind(**named)
+
     async def _state(self, token: str) -> tuple[int, int, bool]:
-        held, left, mine = await self.wire.run(
-            SEMAPHORE_STATE, (self.key,), (str(self.limit), token)
-        )
+        keys, args = SEMAPHORE_STATE.call(lock=self.key, limit=str(self.limit), token=token)
+        held, left, mine = await self.wire.run(SEMAPHORE_STATE, keys, args)
         return int(held), int(left), bool(int(mine))
 
     async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
@@ -110,8 +122,18 @@ class SemaphoreLease(ServerLease):
         """
         if not (isinstance(heir, SemaphoreLease) and heir.shared and self.shared):
             return None
-        args = (token, heir_token, heir._ms, *self._release_args, "1" if may_yield else "0")
-        reply = await self._hand_over_once(SEMAPHORE_HANDOVER, self._acquire_keys, args)
+        keys, args = SEMAPHORE_HANDOVER.call(
+            lock=self.key,
+            queue=self.keys.queue,
+            token=token,
+            heir=heir_token,
+            heir_ms=heir._ms,
+            channel=self.keys.channel,
+            sharded=self._sharded,
+            limit=str(self.limit),
+            may_yield="1" if may_yield else "0",
+        )
+        reply = await self._hand_over_once(SEMAPHORE_HANDOVER, keys, args)
         return (int(reply[0]), int(reply[1]))
 
     async def held(self) -> bool:

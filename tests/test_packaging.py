@@ -139,6 +139,15 @@ def test_the_sdist_carries_the_package_and_tests_but_no_benchmark_results(dist: 
     assert "aiolock/py.typed" in names
 
 
+def test_the_wheel_carries_every_lua_script(dist: Path) -> None:
+    """Every ``.lua`` file of ``aiolock/_lua/`` is in the wheel (the scripts load from them)."""
+    lua = ROOT / "aiolock" / "_lua"
+    files = {f"aiolock/_lua/{p.relative_to(lua).as_posix()}" for p in lua.rglob("*.lua")}
+    assert len(files) > 20
+    with zipfile.ZipFile(_wheel(dist)) as wheel:
+        assert files <= set(wheel.namelist()), files - set(wheel.namelist())
+
+
 def test_the_wheel_installs_into_a_fresh_venv_and_imports(dist: Path, tmp_path: Path) -> None:
     """A fresh venv, ``pip install`` of the wheel (dependencies from the index), then import."""
     venv = tmp_path / "venv"

@@ -433,9 +433,15 @@ async def test_keep_deletes_extends_and_looks_in_one_call(admin: redis.Redis, na
     keys = keys_for(name)
     for token in ("ended", "old", "young"):
         await admin.set(keys.entry(token), "2000 1 tag k1", px=30_000)
-    found = await admin.eval(
-        KEEP.text, 1, keys.queue, "k1", 1, 1, 45_000, "ended", "old", "young", "missing"
+    named, args = KEEP.call(
+        queue=keys.queue,
+        keeper="k1",
+        drop=1,
+        extend=1,
+        life=45_000,
+        tokens=["ended", "old", "young", "missing"],
     )
+    found = await admin.eval(KEEP.text, len(named), *named, *args)
     assert found == [1, 1, 0], "old: extended; young: there; missing: gone"
     assert not await admin.exists(keys.entry("ended"))
     assert 30_000 < await admin.pttl(keys.entry("old")) <= 45_000
@@ -461,9 +467,16 @@ async def test_a_release_passes_over_kept_entries_whose_mark_is_gone(
     await admin.set(keys.entry("own"), "2000 1 tag", px=2000)
     if marked:
         await admin.set(keys.mark("k1"), "1", px=2000)
-    released = await admin.eval(
-        RELEASE.text, 3, keys.lock, keys.queue, keys.fence, "holder", keys.channel, "0"
+    holder = "holder"
+    named, args = RELEASE.call(
+        lock=keys.lock,
+        queue=keys.queue,
+        fence=keys.fence,
+        token=holder,
+        channel=keys.channel,
+        sharded="0",
     )
+    released = await admin.eval(RELEASE.text, len(named), *named, *args)
     assert released == 2, "handed to a waiter"
     heir, skipped = ("kept", "own") if marked else ("own", "kept")
     assert await admin.get(keys.lock) == heir
