@@ -1067,10 +1067,13 @@ def test_run_with_a_limit_of_two_runs_two_commands_at_once_never_three(
     """Five `aiolock run --limit 2` at once: two commands run together, never three.
 
     Each command counts itself in on the server (INCR), notes the most it
-    saw, stays 0.4 s and counts itself out; `aiolock status` meanwhile shows
-    the semaphore's two permits.
+    saw, stays until the test has looked (and 0.2 s more) and counts itself
+    out; `aiolock status` meanwhile shows the semaphore's two permits. (The
+    commands wait for the test rather than a fixed time: on a loaded machine
+    starting `aiolock status` alone can take longer than any such time.)
     """
     witness = f"{name}:inside"
+    looked = f"{name}:looked"
     job = script(
         """
         import sys, time
@@ -1079,11 +1082,17 @@ def test_run_with_a_limit_of_two_runs_two_commands_at_once_never_three(
         inside = r.incr(sys.argv[2])
         r.eval("if tonumber(redis.call('GET', KEYS[1]) or 0) < tonumber(ARGV[1]) then "
                "redis.call('SET', KEYS[1], ARGV[1]) end", 1, sys.argv[2] + ":most", inside)
-        time.sleep(0.4)
+        deadline = time.monotonic() + 30
+        while not r.exists(sys.argv[3]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         r.decr(sys.argv[2])
         """
     )
-    jobs = [cli.start("run", "--limit", "2", name, "--", *job, cli.url, witness) for _ in range(5)]
+    jobs = [
+        cli.start("run", "--limit", "2", name, "--", *job, cli.url, witness, looked)
+        for _ in range(5)
+    ]
     wait_for(lambda: db.get(witness) == "2", "two commands running at once")
     status = cli("status", "--json", name)
     assert status.returncode == 0, status
@@ -1092,12 +1101,13 @@ def test_run_with_a_limit_of_two_runs_two_commands_at_once_never_three(
     assert len(state["permits"]) == 2
     assert all(0 < p["lease"] <= 10.0 for p in state["permits"])
     assert cli("status", name).stdout.startswith(f"semaphore {name!r} has 2 permits held")
+    db.set(looked, 1)
     for one in jobs:
         result = one.finish()
         assert result.returncode == 0, result
     assert db.get(f"{witness}:most") == "2"
     assert db.keys(f"*{{{name}}}*") == []
-    db.delete(witness, f"{witness}:most")
+    db.delete(witness, f"{witness}:most", looked)
 
 
 def test_run_with_a_limit_that_is_full_says_so(
