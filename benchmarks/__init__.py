@@ -12,4 +12,7 @@ benchmarks alternately against aiolock at git revision ``REV`` (default
 ``N`` runs each, and prints each headline figure's base median, new median and
 new/base (``--bench contention --workload W1`` for the uncontended cycle
 alone). See :mod:`benchmarks.compare`.
+
+How the harness is laid out (the subjects, the runner, the benchmarks) and
+how to add a subject or a benchmark: docs/benchmarks.md.
 """

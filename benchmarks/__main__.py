@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from ._common import EXIT_MISSED, add_common_args, repro_command
+from ._runner import EXIT_MISSED, add_common_args, repro_command
 
 #: The benchmarks, in the order they run.
 BENCHMARKS = ("contention", "handoff", "seckill", "redlock", "family")

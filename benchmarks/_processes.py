@@ -33,9 +33,8 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from aiolock import AsyncLock
-
-from ._common import count_overlaps, server_commands
+from ._measure import count_overlaps, server_commands
+from ._subjects import Subject
 
 #: Spawned, not forked: the parent runs an event loop (and maybe uvloop).
 _CONTEXT: Final = multiprocessing.get_context("spawn")
@@ -77,38 +76,42 @@ class MemberResult:
     first_error: str
 
 
-def member(
-    url: str,
-    key: str,
-    members: int,
-    wanted: int,
-    deadline: float,
-    hold: tuple[float, float],
-    shared: Shared,
-    start: Any,
-    results: Any,
-) -> None:
+@dataclass(frozen=True)
+class Plan:
+    """What every member of a chain is told.
+
+    Attributes:
+        url: the server.
+        subject: the lock the members take.
+        key: its name.
+        members: how many members the chain has.
+        wanted: the holdings after which the chain is done.
+        deadline: ``time.monotonic()`` after which it is done.
+        hold: how long a holder keeps the lock once every other member waits:
+            uniform in this range, in seconds.
+    """
+
+    url: str
+    subject: Subject
+    key: str
+    members: int
+    wanted: int
+    deadline: float
+    hold: tuple[float, float]
+
+
+def member(plan: Plan, shared: Shared, start: Any, results: Any) -> None:
     """One member process: acquire, hold, release until the chain is done (spawn target)."""
-    outcome = asyncio.run(_member(url, key, members, wanted, deadline, hold, shared, start))
-    results.put(outcome)
+    results.put(asyncio.run(_member(plan, shared, start)))
 
 
-async def _member(
-    url: str,
-    key: str,
-    members: int,
-    wanted: int,
-    deadline: float,
-    hold: tuple[float, float],
-    shared: Shared,
-    start: Any,
-) -> MemberResult:
-    client = Redis.from_url(url)
-    lock = AsyncLock(client, key, ttl=10.0)
+async def _member(plan: Plan, shared: Shared, start: Any) -> MemberResult:
+    client = Redis.from_url(plan.url)
+    (lock,) = plan.subject.lockers([client], plan.key, 1)
     result = MemberResult([], [], 0, "")
     try:
         # Connect and load the scripts before the chain starts.
-        if await lock.acquire(timeout=ACQUIRE_TIMEOUT):
+        if await lock.acquire(ACQUIRE_TIMEOUT):
             await lock.release()
         with shared.ready.get_lock():
             shared.ready.value += 1
@@ -117,7 +120,7 @@ async def _member(
             with shared.waiting.get_lock():
                 shared.waiting.value += 1
             try:
-                held = await lock.acquire(timeout=ACQUIRE_TIMEOUT)
+                held = await lock.acquire(ACQUIRE_TIMEOUT)
             except Exception as exc:
                 result.first_error = result.first_error or f"acquire: {exc!r}"
                 held = False
@@ -133,12 +136,12 @@ async def _member(
             if shared.released_at.value > 0:
                 result.samples.append(acquired_at - shared.released_at.value)
                 shared.released_at.value = 0.0
-            if mine > wanted or acquired_at >= deadline:
+            if mine > plan.wanted or acquired_at >= plan.deadline:
                 shared.done.value = 1
             else:
-                while shared.waiting.value < members - 1 and not shared.done.value:  # noqa: ASYNC110 - set by other processes
+                while shared.waiting.value < plan.members - 1 and not shared.done.value:  # noqa: ASYNC110 - set by other processes
                     await asyncio.sleep(0.0005)
-                await asyncio.sleep(random.uniform(*hold))
+                await asyncio.sleep(random.uniform(*plan.hold))
             released_at = time.monotonic()
             result.intervals.append((acquired_at, released_at))
             shared.released_at.value = 0.0 if shared.done.value else released_at
@@ -173,13 +176,16 @@ class ProcessChain:
 async def run_chain(
     url: str,
     admin: Redis,
+    subject: Subject,
     key: str,
     waiters: int,
     handoffs: int,
     time_limit: float,
     hold: tuple[float, float],
 ) -> ProcessChain:
-    """Run ``waiters + 1`` member processes until ``handoffs`` hand-offs (or the time is up).
+    """Run ``waiters + 1`` member processes, each taking ``subject``, until ``handoffs`` hand-offs.
+
+    The chain also ends when ``time_limit`` has passed.
 
     Server commands are counted over the whole chain and, for the steady
     state, between the holdings number ``members + 1`` and ``members + 1 +
@@ -191,13 +197,9 @@ async def run_chain(
     results = _CONTEXT.Queue()
     first = members + 1
     last = first + max(handoffs // 2, members)
-    wanted = max(handoffs, last + 1)
+    plan = Plan(url, subject, key, members, max(handoffs, last + 1), math.inf, hold)
     processes = [
-        _CONTEXT.Process(
-            target=member,
-            args=(url, key, members, wanted, math.inf, hold, shared, start, results),
-            daemon=True,
-        )
+        _CONTEXT.Process(target=member, args=(plan, shared, start, results), daemon=True)
         for _ in range(members)
     ]
     for process in processes:

@@ -13,7 +13,8 @@ non-2xx answer in ``ab``).
 uvicorn starts it in factory mode, so everything comes from the environment:
 
 * ``SECKILL_REDIS_URL``: the server (required);
-* ``SECKILL_STRATEGY``: a key of :data:`STRATEGIES` (default ``default``);
+* ``SECKILL_STRATEGY``: a key of :data:`benchmarks._subjects.SECKILL`, the
+  subject whose options the lock takes (default ``default``);
 * ``SECKILL_LOCK_TIMEOUT``: seconds a request may wait for the lock (default 10);
 * ``SECKILL_STOCK_KEY`` / ``SECKILL_SOLD_KEY``: the two counters;
 * ``SECKILL_CLIENTS``: clients per worker (default 1). Each client has its own
@@ -24,7 +25,7 @@ uvicorn starts it in factory mode, so everything comes from the environment:
 ``uvicorn benchmarks._seckill_app:create_app --factory --workers 2``
 
 Each worker process makes one ``redis.asyncio`` client in the lifespan (closed on
-shutdown) with :class:`~benchmarks._common.CountingConnection`, and one lock
+shutdown) with :class:`~benchmarks._measure.CountingConnection`, and one lock
 object shared by its requests (or ``SECKILL_CLIENTS`` of each). ``GET /stats``
 reports that worker's figures: its pid, the commands its clients sent (and how
 many of those were the endpoint's own business commands), acquisitions, lock
@@ -39,83 +40,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as redis
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from aiolock import AsyncLock, backoff
-from benchmarks._common import CountingConnection
+from aiolock import AsyncLock
+from benchmarks._measure import CountingConnection
+from benchmarks._subjects import SECKILL
 
-__all__ = ["ARTICLE_ROWS", "DEFAULT_ROWS", "LOCK_NAME", "STRATEGIES", "Strategy", "create_app"]
+__all__ = ["LOCK_NAME", "create_app"]
 
 #: The lock every request takes.
 LOCK_NAME = "seckill"
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How the endpoint's lock waits: a row of the benchmark.
-
-    Attributes:
-        label: the row's name in tables and charts.
-        description: what the strategy does, in the article's words.
-        options: keyword arguments for :class:`~aiolock.AsyncLock`.
-    """
-
-    label: str
-    description: str
-    options: Callable[[], dict[str, Any]]
-
-
-#: The article's five retry strategies (pure polling: ``notify=False``), then
-#: aiolock's defaults (release notifications and exponential backoff).
-STRATEGIES: dict[str, Strategy] = {
-    "no1": Strategy(
-        "No1 spin then yield",
-        "retry at once (the article yields only after 600 ms): backoff.spin()",
-        lambda: {"backoff": backoff.spin(), "notify": False},
-    ),
-    "no2": Strategy(
-        "No2 yield then sleep",
-        "yield for 600 ms, then sleep 200 ms: backoff.yield_then_sleep(0.6, 0.2)",
-        lambda: {"backoff": backoff.yield_then_sleep(0.6, 0.2), "notify": False},
-    ),
-    "no3": Strategy(
-        "No3 sleep 200 ms",
-        "sleep 200 ms between attempts: backoff.constant(0.2)",
-        lambda: {"backoff": backoff.constant(0.2), "notify": False},
-    ),
-    "no4": Strategy(
-        "No4 sleep 2 s",
-        "sleep 2 s between attempts: backoff.constant(2.0)",
-        lambda: {"backoff": backoff.constant(2.0), "notify": False},
-    ),
-    "no5": Strategy(
-        "No5 yield only",
-        "only yield between attempts: backoff.spin()",
-        lambda: {"backoff": backoff.spin(), "notify": False},
-    ),
-    "default": Strategy(
-        "aiolock default",
-        "AsyncLock defaults: release notifications, exponential backoff",
-        dict,
-    ),
-    "polling": Strategy(
-        "default, no notify",
-        "a control row (not run by default): exponential backoff, notify=False",
-        lambda: {"notify": False},
-    ),
-}
-
-#: The article's five strategies.
-ARTICLE_ROWS: tuple[str, ...] = ("no1", "no2", "no3", "no4", "no5")
-#: The rows run unless asked otherwise: the article's five, then the default.
-DEFAULT_ROWS: tuple[str, ...] = (*ARTICLE_ROWS, "default")
 
 
 @dataclass
@@ -146,10 +86,10 @@ def create_app() -> FastAPI:
 
     Raises:
         RuntimeError: ``SECKILL_REDIS_URL`` is not set.
-        KeyError: ``SECKILL_STRATEGY`` names no strategy.
+        KeyError: ``SECKILL_STRATEGY`` names no row of ``SECKILL``.
     """
     url = _env("SECKILL_REDIS_URL")
-    strategy = STRATEGIES[_env("SECKILL_STRATEGY", "default")]
+    subject = SECKILL[_env("SECKILL_STRATEGY", "default")]
     lock_timeout = float(_env("SECKILL_LOCK_TIMEOUT", "10"))
     stock_key = _env("SECKILL_STOCK_KEY", "seckill:stock")
     sold_key = _env("SECKILL_SOLD_KEY", "seckill:sold")
@@ -161,10 +101,7 @@ def create_app() -> FastAPI:
         made = [
             redis.Redis.from_url(url, connection_class=CountingConnection) for _ in range(clients)
         ]
-        locks = [
-            AsyncLock(client, LOCK_NAME, timeout=lock_timeout, **strategy.options())
-            for client in made
-        ]
+        locks = [subject.make(client, LOCK_NAME, timeout=lock_timeout) for client in made]
         workers.append(_Worker(made, locks))
         try:
             yield

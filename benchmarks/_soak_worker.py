@@ -50,7 +50,8 @@ from redis.exceptions import RedisError
 
 from aiolock import AcquireTimeout, AsyncLock, LockError, LockLostError
 
-from ._common import run
+from ._runner import run
+from ._subjects import SOAK
 
 __all__ = [
     "ENTER",
@@ -364,12 +365,11 @@ class _Worker:
             name = rng.choice(config.names)
             lock = locks.get(name)
             if lock is None:
-                lock = locks[name] = AsyncLock(
+                lock = locks[name] = SOAK.make(
                     self.lock_client,
                     name,
                     ttl=config.ttl,
                     timeout=config.acquire_timeout,
-                    fencing=True,
                     on_lost=self.on_lost,
                 )
                 self.locks.append(lock)

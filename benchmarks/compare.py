@@ -59,7 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ._common import EXIT_MISSED, default_loop, print_table, write_json
+from ._runner import EXIT_MISSED, default_loop, print_table, write_json
+from ._subjects import AIOLOCK, FLOOR, REDLOCK, SET_DEL_FLOOR, W1, Library
+from .handoff import VARIANTS
 
 MODULE: Final = "benchmarks.compare"
 #: The repository whose working tree is compared (the one holding this package).
@@ -255,20 +257,27 @@ def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
+#: The labels of aiolock's subjects (the others are controls: they do not depend on aiolock).
+_OURS: Final = {
+    *(s.label for s in (*W1, *REDLOCK) if s.library is Library.AIOLOCK),
+    *(v.label for v in VARIANTS if v.subject.library is Library.AIOLOCK),
+}
+
+
 def contention_figures(data: dict[str, Any]) -> list[Figure]:
     """W1 both ways, aiolock in W2-W4, overlaps."""
     figures: list[Figure] = []
     seen_floor = False
     for row in data.get("w1", []):
         subject = row["subject"]
-        if subject == "floor":
+        if subject == FLOOR.label:
             if seen_floor:
                 continue
             seen_floor = True
             figures.append(Figure("W1 floor cycle", _num(row["cycle_us"]), "us", "lower", True))
             continue
         name = f"W1 {row['way']}: {subject}"
-        control = not subject.startswith("aiolock")
+        control = subject not in _OURS
         figures.append(Figure(f"{name} cycle", _num(row["cycle_us"]), "us", "lower", control))
         figures.append(Figure(f"{name} / floor", _num(row["vs_floor"]), "x", "lower", control))
     ratios: dict[str, Any] = data.get("ratios", {})
@@ -283,7 +292,7 @@ def contention_figures(data: dict[str, Any]) -> list[Figure]:
         )
     for outcome in data.get("outcomes", []):
         workload = outcome["workload"]
-        if workload == "W1" or outcome["subject"] != "aiolock":
+        if workload == "W1" or outcome["subject"] != AIOLOCK.label:
             continue
         figures.append(
             Figure(f"{workload} aiolock acq/s", _num(outcome["acq_per_s"]), "/s", "higher")
@@ -307,7 +316,7 @@ def handoff_figures(data: dict[str, Any]) -> list[Figure]:
     """aiolock's p50 hand-off per variant and waiters, in ms and in PING round trips."""
     figures = [Figure("PING RTT p50", _num(data["ping_rtt_ms"]["50"]), "ms", "lower", True)]
     for setting in data.get("settings", []):
-        if not setting["variant"].startswith("aiolock"):
+        if setting["variant"] not in _OURS:
             continue
         name = f"{setting['variant']} N={setting['waiters']}"
         figures.append(Figure(f"{name} p50", _num(setting["handoff_ms"]["50"]), "ms", "lower"))
@@ -327,14 +336,14 @@ def handoff_figures(data: dict[str, Any]) -> list[Figure]:
 def redlock_figures(data: dict[str, Any]) -> list[Figure]:
     """Per aiolock subject: uncontended acquire and cycle over the floor's; throughput."""
     subjects: dict[str, Any] = data["subjects"]
-    floor = subjects["floor"]
+    floor = subjects[SET_DEL_FLOOR.label]
     figures = [
         Figure("floor acquire p50", _num(floor["acquire_ms"]["50"]), "ms", "lower", True),
         Figure("floor acq/s", _num(floor["acq_per_s"]), "/s", "higher", True),
     ]
     overlaps = 0.0
     for name, found in subjects.items():
-        if name in ("floor", "redis-py Lock"):
+        if name not in _OURS:
             continue
         acquire = _num(found["acquire_ms"]["50"]) / _num(floor["acquire_ms"]["50"])
         cycle = _num(found["cycle_ms"]["50"]) / _num(floor["cycle_ms"]["50"])

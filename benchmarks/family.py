@@ -3,7 +3,8 @@
 For each ``limit`` in 1, 4 and 16, 4 processes (spawned, one client each)
 x 50 coroutines share 2000 acquisitions (``--quick``: 10 coroutines of this
 process, 60), each held across one event-loop turn, as in
-``benchmarks.contention``'s W4. Subjects:
+``benchmarks.contention``'s W4 (:mod:`benchmarks._rounds`). Subjects
+(:mod:`benchmarks._subjects`):
 
 * ``semaphore N``: ``aiolock.Semaphore(client, name, limit=N)``, one object
   per coroutine, reused;
@@ -39,113 +40,33 @@ import asyncio
 import contextlib
 import math
 import random
-import secrets
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
-from aiolock import ReadWriteLock, Semaphore
 from aiolock._notify import LINGER
 
-from ._common import (
-    add_common_args,
-    embedded_server,
-    finish,
-    mark,
-    out_dir,
-    print_table,
-    repro_command,
-    run,
-    write_json,
-)
-from .contention import LEASE, Locker, Round, Workload, _measure_round, _summarize
+from ._measure import embedded_server
+from ._rounds import Workload, run_rounds, summarize
+from ._runner import Benchmark, Session, overlapping, print_table
+from ._subjects import AIOLOCK, RW_READER, RW_WRITER, Subject, semaphore, zset_floor
 
-NAME: Final = "family"
-MODULE: Final = "benchmarks.family"
+BENCHMARK: Final = Benchmark("family", __doc__.split("\n")[0])
 
 #: The numbers of permits measured.
 LIMITS: Final = (1, 4, 16)
 #: The numbers of concurrent readers measured.
 READERS: Final = (1, 2, 4, 8, 16)
-#: The floor's polling interval while every permit is taken.
-FLOOR_POLL: Final = 0.001
 #: The workloads: 4 processes x 50 coroutines (10 coroutines in this process with ``--quick``).
 FULL: Final = Workload("S", 4, 50, 2000, rounds=2)
 QUICK: Final = Workload("S", 1, 10, 60, rounds=1)
 #: Targets: the semaphore of one permit at least this share of AsyncLock's throughput.
 TARGET_SHARE: Final = 1 / 1.1
-
-#: The floor's acquire: drop expired holders, add the caller if fewer than the limit hold.
-_FLOOR_ACQUIRE: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return 1
-end
-return 0
-"""
-
-
-class SemaphoreLocker:
-    """An aiolock ``Semaphore`` of ``limit`` permits, one object for the coroutine's life."""
-
-    def __init__(self, client: Redis, key: str, limit: int) -> None:
-        self._semaphore = Semaphore(client, key, limit, ttl=LEASE)
-
-    async def acquire(self, timeout: float) -> bool:  # noqa: ASYNC109
-        """Wait up to ``timeout`` for a permit."""
-        return await self._semaphore.acquire(timeout=timeout)
-
-    async def release(self) -> None:
-        """Give the permit back (a waiter is granted it)."""
-        await self._semaphore.release()
-
-
-class ZsetFloorLocker:
-    """The classic counting semaphore: one script per attempt, polled every 1 ms; ``ZREM``."""
-
-    def __init__(self, client: Redis, key: str, limit: int, script: AsyncScript) -> None:
-        self._client = client
-        self._key = key
-        self._limit = limit
-        self._script = script
-        self._token = ""
-
-    async def acquire(self, timeout: float) -> bool:  # noqa: ASYNC109
-        """Try every millisecond until a permit is free or ``timeout`` passes."""
-        token = secrets.token_hex(16)
-        deadline = time.monotonic() + timeout
-        lease_ms = int(LEASE * 1000)
-        while True:
-            if await self._script(keys=[self._key], args=[token, self._limit, lease_ms]):
-                self._token = token
-                return True
-            if time.monotonic() + FLOOR_POLL > deadline:
-                return False
-            await asyncio.sleep(FLOOR_POLL)
-
-    async def release(self) -> None:
-        """Remove our token (``ZREM``)."""
-        await self._client.zrem(self._key, self._token)
-
-
-def semaphore_lockers(subject: str, client: Redis, key: str, count: int) -> list[Locker]:
-    """``count`` lockers of ``semaphore N`` or ``zset floor N`` (for ``contention._drive``)."""
-    limit = int(subject.rsplit(" ", 1)[1])
-    if subject.startswith("semaphore "):
-        return [SemaphoreLocker(client, key, limit) for _ in range(count)]
-    script = client.register_script(_FLOOR_ACQUIRE)
-    return [ZsetFloorLocker(client, key, limit, script) for _ in range(count)]
 
 
 def most_at_once(intervals: Sequence[tuple[float, float]]) -> int:
@@ -185,11 +106,11 @@ class ReadRow:
 async def _reader_throughput(url: str, readers: int, seconds: float) -> ReadRow:
     """``readers`` coroutines read in a loop for ``seconds``; reads per second."""
     client = Redis.from_url(url, max_connections=readers + 8)
-    rw = ReadWriteLock(client, f"bench:family:read:{readers}", ttl=LEASE)
+    reader_side = RW_READER.make(client, f"bench:family:read:{readers}")
     reads = 0
     inside = most = 0
     try:
-        async with rw.reader:  # connect and load the scripts
+        async with reader_side:  # connect and load the scripts
             pass
         stop = time.monotonic() + seconds
         started = time.monotonic()
@@ -197,7 +118,7 @@ async def _reader_throughput(url: str, readers: int, seconds: float) -> ReadRow:
         async def reader() -> None:
             nonlocal reads, inside, most
             while time.monotonic() < stop:
-                async with rw.reader:
+                async with reader_side:
                     inside += 1
                     most = max(most, inside)
                     await asyncio.sleep(0)
@@ -216,14 +137,14 @@ async def _writer_waits(url: str, asks: int) -> list[float]:
     client = Redis.from_url(url)
     other = Redis.from_url(url)
     name = "bench:family:writer"
-    rw = ReadWriteLock(client, name, ttl=LEASE)
-    writer = ReadWriteLock(other, name, ttl=LEASE).writer
+    reader_side = RW_READER.make(client, name)
+    writer = RW_WRITER.make(other, name)
     waits: list[float] = []
     done = False
 
     async def reader() -> None:
         while not done:
-            async with rw.reader:
+            async with reader_side:
                 await asyncio.sleep(0.05)
 
     readers = [asyncio.create_task(reader()) for _ in range(8)]
@@ -241,9 +162,9 @@ async def _writer_waits(url: str, asks: int) -> list[float]:
     return waits
 
 
-def _subjects(limit: int) -> list[str]:
-    subjects = [f"semaphore {limit}", f"zset floor {limit}"]
-    return [*subjects, "aiolock"] if limit == 1 else subjects
+def _subjects(limit: int) -> list[Subject]:
+    subjects: list[Subject] = [semaphore(limit), zset_floor(limit)]
+    return [*subjects, AIOLOCK] if limit == 1 else subjects
 
 
 async def _main(args: argparse.Namespace) -> tuple[list[Row], list[ReadRow], list[float]]:
@@ -255,22 +176,15 @@ async def _main(args: argparse.Namespace) -> tuple[list[Row], list[ReadRow], lis
         try:
             for limit in args.limits:
                 subjects = _subjects(limit)
-                rounds: dict[str, list[Round]] = {s: [] for s in subjects}
-                for index in range(workload.rounds):
-                    share = workload.acquisitions // workload.rounds
-                    turn = index % len(subjects)
-                    for subject in subjects[turn:] + subjects[:turn]:
-                        rounds[subject].append(
-                            await _measure_round(
-                                server.url, admin, workload, subject, share, time_limit, args.loop
-                            )
-                        )
+                rounds = await run_rounds(
+                    server.url, admin, workload, subjects, time_limit, args.loop
+                )
                 for subject in subjects:
-                    outcome = _summarize(workload, subject, rounds[subject])
+                    outcome = summarize(workload, subject, rounds[subject])
                     intervals = [i for r in rounds[subject] for p in r.parts for i in p.intervals]
                     row = Row(
                         limit=limit,
-                        subject=subject,
+                        subject=subject.label,
                         acquired=outcome.acquired,
                         failures=outcome.failures,
                         acq_per_s=outcome.acq_per_s,
@@ -281,7 +195,7 @@ async def _main(args: argparse.Namespace) -> tuple[list[Row], list[ReadRow], lis
                     )
                     rows.append(row)
                     print(
-                        f"  limit {limit:<2} {subject:<14} {row.acq_per_s:8.0f} acq/s  "
+                        f"  limit {limit:<2} {subject.label:<14} {row.acq_per_s:8.0f} acq/s  "
                         f"wait p99 {row.wait_ms[99]:8.1f} ms  at once {row.most_at_once}  "
                         f"failures {row.failures}",
                         flush=True,
@@ -320,22 +234,23 @@ def _limits(text: str) -> tuple[int, ...]:
     return limits
 
 
-def _targets(rows: Sequence[Row], quick: bool) -> list[dict[str, Any]]:
+def _targets(session: Session, rows: Sequence[Row]) -> list[dict[str, Any]]:
     targets: list[dict[str, Any]] = []
     by = {(r.limit, r.subject): r for r in rows}
-    one = by.get((1, "semaphore 1"))
-    lock = by.get((1, "aiolock"))
+    one = by.get((1, semaphore(1).label))
+    lock = by.get((1, AIOLOCK.label))
     if one is not None and lock is not None:
         share = one.acq_per_s / lock.acq_per_s if lock.acq_per_s else math.nan
         passed = share >= TARGET_SHARE
         targets.append({"name": "semaphore 1 vs AsyncLock", "passed": passed, "share": share})
-        print(
-            f"{mark(passed, quick)}  a semaphore of 1 permit has {share:.2f}x "
-            f"AsyncLock's throughput (target >= {TARGET_SHARE:.2f}x, i.e. within 1.1x)"
+        session.judge(
+            passed,
+            f"a semaphore of 1 permit has {share:.2f}x "
+            f"AsyncLock's throughput (target >= {TARGET_SHARE:.2f}x, i.e. within 1.1x)",
         )
     for limit in sorted({r.limit for r in rows}):
-        sem = by.get((limit, f"semaphore {limit}"))
-        floor = by.get((limit, f"zset floor {limit}"))
+        sem = by.get((limit, semaphore(limit).label))
+        floor = by.get((limit, zset_floor(limit).label))
         if sem is None or floor is None:
             continue
         faster = sem.acq_per_s > floor.acq_per_s
@@ -348,55 +263,48 @@ def _targets(rows: Sequence[Row], quick: bool) -> list[dict[str, Any]]:
                 "p99_ms": [sem.wait_ms[99], floor.wait_ms[99]],
             }
         )
-        print(
-            f"{mark(faster and calmer, quick)}  limit {limit}: semaphore "
+        session.judge(
+            faster and calmer,
+            f"limit {limit}: semaphore "
             f"{sem.acq_per_s:.0f} acq/s, p99 {sem.wait_ms[99]:.1f} ms; floor "
-            f"{floor.acq_per_s:.0f} acq/s, p99 {floor.wait_ms[99]:.1f} ms"
+            f"{floor.acq_per_s:.0f} acq/s, p99 {floor.wait_ms[99]:.1f} ms",
         )
     return targets
 
 
-def _chart(path: Path, rows: Sequence[Row]) -> None:
-    import matplotlib
+#: The chart's bars: each legend's subject for a limit.
+_KINDS: Final[tuple[tuple[str, Callable[[int], Subject]], ...]] = (
+    ("semaphore", semaphore),
+    ("zset floor", zset_floor),
+    ("AsyncLock", lambda _: AIOLOCK),
+)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _chart(session: Session, rows: Sequence[Row]) -> None:
     limits = sorted({r.limit for r in rows})
-    kinds = ["semaphore", "zset floor", "aiolock"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    width = 0.8 / len(kinds)
-    for index, kind in enumerate(kinds):
-        mine = [
-            r for r in rows if r.subject == (kind if kind == "aiolock" else f"{kind} {r.limit}")
-        ]
-        xs = [limits.index(r.limit) + (index - (len(kinds) - 1) / 2) * width for r in mine]
-        label = "AsyncLock" if kind == "aiolock" else kind
-        left.bar(xs, [r.acq_per_s for r in mine], width, label=label)
-        right.bar(xs, [max(r.wait_ms[99], 1e-3) for r in mine], width, label=label)
-    for axis, title in ((left, "acquisitions per second"), (right, "wait p99, ms (log)")):
-        axis.set_xticks(range(len(limits)), [f"limit {n}" for n in limits])
-        axis.set_title(title)
-        axis.grid(axis="y", alpha=0.3)
-        axis.legend(fontsize=8)
-    right.set_yscale("log")
-    figure.suptitle("Semaphore, 4 processes x 50 coroutines (embedded Valkey, loopback)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with session.chart(1, 2, figsize=(11, 4.5)) as (figure, (left, right)):
+        width = 0.8 / len(_KINDS)
+        for index, (label, subject_of) in enumerate(_KINDS):
+            mine = [r for r in rows if r.subject == subject_of(r.limit).label]
+            xs = [limits.index(r.limit) + (index - (len(_KINDS) - 1) / 2) * width for r in mine]
+            left.bar(xs, [r.acq_per_s for r in mine], width, label=label)
+            right.bar(xs, [max(r.wait_ms[99], 1e-3) for r in mine], width, label=label)
+        for axis, title in ((left, "acquisitions per second"), (right, "wait p99, ms (log)")):
+            axis.set_xticks(range(len(limits)), [f"limit {n}" for n in limits])
+            axis.set_title(title)
+            axis.grid(axis="y", alpha=0.3)
+            axis.legend(fontsize=8)
+        right.set_yscale("log")
+        figure.suptitle("Semaphore, 4 processes x 50 coroutines (embedded Valkey, loopback)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the family benchmark; 1 if more holders than the limit held at once, 3 on a miss.
-
-    Args:
-        argv: command-line options (``sys.argv[1:]`` when None).
+    """Run the family benchmark with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit code.
+        1 if more holders than the limit held at once, else 3 on a missed target, else 0.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument(
         "--limits",
         type=_limits,
@@ -405,10 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the numbers of permits (default {','.join(map(str, LIMITS))})",
     )
     args = parser.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    directory = out_dir(args)
-    print(f"family benchmark (loop={args.loop}{', quick' if args.quick else ''})", flush=True)
-    rows, reads, waits = run(lambda: _main(args), args.loop)
+    session = BENCHMARK.session(args, argv)
+    session.banner("family benchmark")
+    rows, reads, waits = session.run(lambda: _main(args))
     print_table(
         "Semaphore: 4 processes x 50 coroutines share the acquisitions, each held one loop turn",
         [
@@ -453,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in reads
         ],
     )
-    targets = _targets(rows, args.quick)
+    targets = _targets(session, rows)
     writer_ms = {
         "p50": statistics.median(waits) * 1000,
         "max": max(waits) * 1000,
@@ -461,31 +368,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     passed = writer_ms["max"] <= 1000
     targets.append({"name": "writer behind readers within 1 s", "passed": passed, **writer_ms})
-    print(
-        f"{mark(passed, args.quick)}  a writer behind 8 readers reading without a gap "
+    session.judge(
+        passed,
+        f"a writer behind 8 readers reading without a gap "
         f"got in within {writer_ms['max']:.0f} ms at most (p50 {writer_ms['p50']:.0f} ms; "
-        "target 1 s)"
+        "target 1 s)",
     )
-    over = sum(1 for r in rows if r.most_at_once > (1 if r.subject == "aiolock" else r.limit))
+    # The lock admits one holder; a semaphore, its limit.
+    over = sum(1 for r in rows if r.most_at_once > (1 if r.subject == AIOLOCK.label else r.limit))
     over += sum(1 for r in reads if r.most_at_once > r.readers)
-    chart = directory / f"{NAME}.png"
-    _chart(chart, rows)
-    write_json(
-        directory / f"{NAME}.json",
+    _chart(session, rows)
+    session.write_json(
         {
-            "benchmark": NAME,
-            "command": repro_command(MODULE, argv_list),
-            "loop": args.loop,
-            "quick": args.quick,
+            **session.header(),
             "rows": [asdict(r) for r in rows],
             "readers": [asdict(r) for r in reads],
             "writer_wait_ms": writer_ms,
             "targets": targets,
             "overlaps": over,
-        },
+        }
     )
-    missed = 0 if args.quick else sum(not target["passed"] for target in targets)
-    return finish(MODULE, argv_list, chart, directory / f"{NAME}.json", over, missed)
+    return session.finish(broken=overlapping(over))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ notes ``t0`` and calls ``release()``; the member whose ``acquire()`` returns
 next notes ``t1``, records ``t1 - t0`` and becomes the holder. So ``N``
 coroutines wait all the time. Settings: ``N`` = 1, 2, 10 and 50 (``--waiters``).
 
-Variants:
+Variants (:data:`VARIANTS`: a subject of :mod:`benchmarks._subjects`, its
+members laid out one way):
 
 * ``aiolock separate``: every member has its own client object (as if each
   were its own process): they wait in the lock's queue on the server, and
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import enum
 import math
 import random
 import secrets
@@ -54,39 +56,66 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from ._common import (
+from ._measure import (
     CountingConnection,
-    add_common_args,
     count_overlaps,
     embedded_server,
-    finish,
-    mark,
-    out_dir,
     percentiles,
-    print_table,
-    repro_command,
-    run,
     server_commands,
-    write_json,
 )
 from ._processes import publish_floor, run_chain
-from .contention import AiolockLocker, Locker, RedisPyLocker
+from ._runner import Benchmark, Session, overlapping, print_table
+from ._subjects import (
+    AIOLOCK,
+    AIOLOCK_FAIR,
+    FLOOR_RELEASE,
+    REDIS_PY_FAST,
+    REDIS_PY_SLOW,
+    Library,
+    Locker,
+    Subject,
+)
 
-NAME: Final = "handoff"
-MODULE: Final = "benchmarks.handoff"
+BENCHMARK: Final = Benchmark("handoff", __doc__.split("\n")[0])
+
+
+class Layout(enum.Enum):
+    """Where a chain's members are."""
+
+    #: One process, a client object each: they wait in the queue on the server.
+    SEPARATE = "separate"
+    #: One process, one client object: aiolock's local queue hands the lock over.
+    SHARED = "shared"
+    #: A process each (:mod:`benchmarks._processes`).
+    PROCESSES = "processes"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A row of the table: a subject, with its chain's members laid out one way.
+
+    Attributes:
+        label: the row's name.
+        subject: the lock every member takes.
+        layout: where the members are.
+    """
+
+    label: str
+    subject: Subject
+    layout: Layout
+
 
 VARIANTS: Final = (
-    "aiolock separate",
-    "aiolock processes",
-    "aiolock fair",
-    "aiolock shared",
-    "redis-py 0.1",
-    "redis-py 0.001",
+    Variant("aiolock separate", AIOLOCK, Layout.SEPARATE),
+    Variant("aiolock processes", AIOLOCK, Layout.PROCESSES),
+    Variant("aiolock fair", AIOLOCK_FAIR, Layout.SEPARATE),
+    Variant("aiolock shared", AIOLOCK, Layout.SHARED),
+    Variant("redis-py 0.1", REDIS_PY_SLOW, Layout.SHARED),
+    Variant("redis-py 0.001", REDIS_PY_FAST, Layout.SHARED),
 )
 #: The numbers of waiters (settings), unless ``--waiters`` says otherwise.
 WAITERS: Final = (1, 2, 10, 50)
@@ -96,13 +125,6 @@ WAITERS_QUICK: Final = (1, 2, 10)
 ACQUIRE_TIMEOUT: Final = 10.0
 #: How long a holder keeps the lock once every other member waits: uniform in this range.
 HOLD: Final = (0.001, 0.005)
-#: The compare-and-delete of the pair baseline.
-_COMPARE_AND_DELETE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 #: Each setting runs in this many parts, each after its own PING baseline: this
 #: VM's round trip shifts between two levels for seconds at a time (where the
 #: scheduler puts the client and the server), so a baseline is only good for
@@ -178,7 +200,7 @@ async def release_acquire_pairs(client: Redis, count: int) -> list[float]:
     Returns:
         The durations in seconds.
     """
-    release = client.register_script(_COMPARE_AND_DELETE)
+    release = client.register_script(FLOOR_RELEASE)
     key = "bench:handoff:pair"
     token = secrets.token_hex(16)
     await client.set(key, token, px=10_000)
@@ -328,36 +350,47 @@ class Setting:
     first_error: str
 
 
-async def _measure(
-    url: str,
-    admin: Redis,
-    variant: str,
-    waiters: int,
-    handoffs: int,
-    time_limit: float,
-    pings_per_chunk: int,
-    pair: float,
-) -> Setting:
+@dataclass(frozen=True)
+class _Case:
+    """One setting to measure: a variant with so many waiters, on the server at ``url``.
+
+    Attributes:
+        url: the server.
+        admin: a client of it, to count the commands it runs.
+        variant: the row.
+        waiters: the members waiting while one holds.
+        handoffs: how many hand-offs to measure.
+        time_limit: seconds the setting may take.
+    """
+
+    url: str
+    admin: Redis
+    variant: Variant
+    waiters: int
+    handoffs: int
+    time_limit: float
+
+
+def _key(case: _Case) -> str:
+    """The lock of a setting: its own, so that the members of one never meet another's."""
+    return f"bench:handoff:{case.variant.label.replace(' ', '-')}:{case.waiters}"
+
+
+async def _measure(case: _Case, pings_per_chunk: int, pair: float) -> Setting:
     """Run one chain in :data:`CHUNKS` parts, each after its own PING baseline.
 
     The setting's ratio to the round trip is the median, over the parts, of
     the part's median hand-off over the median of the PINGs just before it.
     """
-    key = f"bench:handoff:{variant.replace(' ', '-')}:{waiters}"
-    members = waiters + 1
-    clients: list[Redis] = []
-    if variant in ("aiolock separate", "aiolock fair"):
-        clients = [_client(url) for _ in range(members)]
-        fair = variant == "aiolock fair"
-        lockers: list[Locker] = [AiolockLocker(c, key, fair=fair) for c in clients]
+    variant, admin, time_limit = case.variant, case.admin, case.time_limit
+    members = case.waiters + 1
+    if variant.layout is Layout.SEPARATE:
+        clients = [_client(case.url) for _ in range(members)]
+        lockers = [variant.subject.lockers([c], _key(case), 1)[0] for c in clients]
     else:
-        clients = [_client(url)]
-        if variant == "aiolock shared":
-            lockers = [AiolockLocker(clients[0], key) for _ in range(members)]
-        else:
-            sleep = float(variant.removeprefix("redis-py "))
-            lockers = [RedisPyLocker(clients[0], key, sleep) for _ in range(members)]
-    ping_client = Redis.from_url(url)  # not counted: its PINGs are not the lock's
+        clients = [_client(case.url)]
+        lockers = variant.subject.lockers(clients, _key(case), members)
+    ping_client = Redis.from_url(case.url)  # not counted: its PINGs are not the lock's
     chunk_pings: list[float] = []
     ratios: list[float] = []
     samples: list[float] = []
@@ -377,7 +410,7 @@ async def _measure(
             pinged += len(pings) + 1  # and ping_rtt's warm-up PING
             ping_p50 = percentiles(pings, (50,))[50]
             chunk_pings.append(ping_p50)
-            chain = Chain(members, max(1, handoffs // CHUNKS), time.monotonic() + time_limit)
+            chain = Chain(members, max(1, case.handoffs // CHUNKS), time.monotonic() + time_limit)
             await _run_chain(chain, lockers, time_limit)
             samples += chain.samples
             intervals += chain.intervals
@@ -388,15 +421,15 @@ async def _measure(
         wall = time.monotonic() - started
         sent = CountingConnection.sent - sent_before
         server_total = await server_commands(admin) - server_before - 1 - pinged
-        steady = await _steady_commands(admin, lockers, handoffs, time_limit)
+        steady = await _steady_commands(admin, lockers, case.handoffs, time_limit)
     finally:
         for client in (*clients, ping_client):
             await client.aclose()
     quantiles = percentiles(samples, (50, 90, 99, 100))
     per = max(len(samples), 1)
     return Setting(
-        variant=variant,
-        waiters=waiters,
+        variant=variant.label,
+        waiters=case.waiters,
         handoffs=len(samples),
         wall=wall,
         handoff_ms={k: v * 1000 for k, v in quantiles.items()},
@@ -412,26 +445,19 @@ async def _measure(
     )
 
 
-async def _measure_processes(
-    url: str,
-    admin: Redis,
-    waiters: int,
-    handoffs: int,
-    time_limit: float,
-    pings: int,
-    floor: float,
-) -> Setting:
-    """The ``aiolock processes`` row: one process per member, PINGs before and after."""
-    ping_client = Redis.from_url(url)
+async def _measure_processes(case: _Case, pings: int, floor: float) -> Setting:
+    """A row of processes (``aiolock processes``): one per member, PINGs before and after."""
+    ping_client = Redis.from_url(case.url)
     try:
         before = await ping_rtt(ping_client, pings, HOLD)
         chain = await run_chain(
-            url,
-            admin,
-            f"bench:handoff:aiolock-processes:{waiters}",
-            waiters,
-            handoffs,
-            time_limit,
+            case.url,
+            case.admin,
+            case.variant.subject,
+            _key(case),
+            case.waiters,
+            case.handoffs,
+            case.time_limit,
             HOLD,
         )
         after = await ping_rtt(ping_client, pings, HOLD)
@@ -440,8 +466,8 @@ async def _measure_processes(
     ping = statistics.median(before + after)
     quantiles = percentiles(chain.samples, (50, 90, 99, 100))
     return Setting(
-        variant="aiolock processes",
-        waiters=waiters,
+        variant=case.variant.label,
+        waiters=case.waiters,
         handoffs=len(chain.samples),
         wall=chain.wall,
         handoff_ms={k: v * 1000 for k, v in quantiles.items()},
@@ -486,7 +512,7 @@ async def _steady_commands(
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     handoffs = args.handoffs or (10 if args.quick else 200)
     time_limit = args.time_limit if args.time_limit is not None else (3.0 if args.quick else 30.0)
-    variants = [v for v in VARIANTS if not args.variant or v in args.variant]
+    variants = [v for v in VARIANTS if not args.variant or v.label in args.variant]
     settings: list[Setting] = []
     with embedded_server() as server:
         admin = Redis.from_url(server.url)
@@ -515,7 +541,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             )
             for waiters in args.waiters:
                 for variant in variants:
-                    if variant == "aiolock processes":
+                    case = _Case(server.url, admin, variant, waiters, handoffs, time_limit)
+                    if variant.layout is Layout.PROCESSES:
                         if args.quick and waiters > QUICK_PROCESSES:
                             continue  # a smoke run: dozens of processes to start on 2 cores
                         delays = await publish_floor(server.url, count // 4, HOLD, waiters + 1)
@@ -526,29 +553,13 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                             f"({floor[50] / rtt:.2f} PING RTT)",
                             flush=True,
                         )
-                        setting = await _measure_processes(
-                            server.url,
-                            admin,
-                            waiters,
-                            handoffs,
-                            time_limit,
-                            count // 4,
-                            floor[50],
-                        )
+                        setting = await _measure_processes(case, count // 4, floor[50])
                     else:
-                        setting = await _measure(
-                            server.url,
-                            admin,
-                            variant,
-                            waiters,
-                            handoffs,
-                            time_limit,
-                            count // (2 * CHUNKS),
-                            pair,
-                        )
+                        setting = await _measure(case, count // (2 * CHUNKS), pair)
                     settings.append(setting)
                     print(
-                        f"  {variant:<17} N={waiters:<3} p50 {setting.handoff_ms[50]:8.3f} ms "
+                        f"  {variant.label:<17} N={waiters:<3} "
+                        f"p50 {setting.handoff_ms[50]:8.3f} ms "
                         f"({setting.p50_rtt:6.1f} RTT of {setting.ping_ms:.3f} ms)  "
                         f"{setting.handoffs} hand-offs "
                         f"in {setting.wall:.1f} s, failures {setting.failures}, "
@@ -569,60 +580,101 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "time_limit_s": time_limit,
         "hold_s": HOLD,
         "waiters": args.waiters,
-        "variants": variants,
+        "variants": [v.label for v in variants],
         "settings": settings,
     }
 
 
 def _chart(
-    path: Path,
+    session: Session,
     settings: Sequence[Setting],
     waiters: Sequence[int],
     rtt_ms: float,
     pair_ms: float,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     variants = list(dict.fromkeys(s.variant for s in settings))
-    figure, ax = plt.subplots(figsize=(10, 5))
-    width = 0.8 / max(len(variants), 1)
-    for index, variant in enumerate(variants):
-        mine = [s for s in settings if s.variant == variant]
-        xs = [waiters.index(s.waiters) + (index - (len(variants) - 1) / 2) * width for s in mine]
-        p50 = [max(s.handoff_ms[50], 1e-3) for s in mine]
-        p90 = [max(s.handoff_ms[90], 1e-3) for s in mine]
-        p99 = [max(s.handoff_ms[99], 1e-3) for s in mine]
-        ax.bar(xs, p50, width, label=f"{variant} (p50)")
-        ax.scatter(xs, p90, marker="_", color="black", s=80, zorder=3)
-        ax.scatter(xs, p99, marker="v", color="black", s=14, zorder=3)
-    ax.axhline(rtt_ms, color="green", linestyle=":", label=f"PING RTT {rtt_ms:.3f} ms")
-    ax.axhline(pair_ms, color="grey", linestyle="-.", label=f"DEL+SET pair {pair_ms:.3f} ms")
-    ax.axhline(TARGET_RTT * rtt_ms, color="red", linestyle="--", label=f"target {TARGET_RTT:g} RTT")
-    ax.set_xticks(range(len(waiters)), [f"{n} waiter{'s' if n > 1 else ''}" for n in waiters])
-    ax.set_yscale("log")
-    ax.set_ylabel("release -> next acquire, ms (log); bar p50, dash p90, triangle p99")
-    ax.set_title("aiolock hand-off latency (embedded Valkey, loopback)")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with session.chart(figsize=(10, 5)) as (_, ax):
+        width = 0.8 / max(len(variants), 1)
+        for index, variant in enumerate(variants):
+            mine = [s for s in settings if s.variant == variant]
+            xs = [
+                waiters.index(s.waiters) + (index - (len(variants) - 1) / 2) * width for s in mine
+            ]
+            p50 = [max(s.handoff_ms[50], 1e-3) for s in mine]
+            p90 = [max(s.handoff_ms[90], 1e-3) for s in mine]
+            p99 = [max(s.handoff_ms[99], 1e-3) for s in mine]
+            ax.bar(xs, p50, width, label=f"{variant} (p50)")
+            ax.scatter(xs, p90, marker="_", color="black", s=80, zorder=3)
+            ax.scatter(xs, p99, marker="v", color="black", s=14, zorder=3)
+        ax.axhline(rtt_ms, color="green", linestyle=":", label=f"PING RTT {rtt_ms:.3f} ms")
+        ax.axhline(pair_ms, color="grey", linestyle="-.", label=f"DEL+SET pair {pair_ms:.3f} ms")
+        ax.axhline(
+            TARGET_RTT * rtt_ms, color="red", linestyle="--", label=f"target {TARGET_RTT:g} RTT"
+        )
+        ax.set_xticks(range(len(waiters)), [f"{n} waiter{'s' if n > 1 else ''}" for n in waiters])
+        ax.set_yscale("log")
+        ax.set_ylabel("release -> next acquire, ms (log); bar p50, dash p90, triangle p99")
+        ax.set_title("aiolock hand-off latency (embedded Valkey, loopback)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+def _targets(session: Session, settings: Sequence[Setting]) -> list[dict[str, Any]]:
+    """Judge aiolock's rows: hand-offs within their PING round trips, and their commands."""
+    targets: list[dict[str, Any]] = []
+    for variant in VARIANTS:
+        if variant.subject.library is not Library.AIOLOCK:
+            continue
+        mine = [s for s in settings if s.variant == variant.label]
+        if not mine:
+            continue
+        shared = variant.layout is Layout.SHARED
+        bound = TARGET_RTT if shared else TARGET_RTT_QUEUE
+        worst = max(s.p50_rtt for s in mine)
+        passed = all(s.handoffs and s.p50_rtt <= bound for s in mine)
+        detail = ", ".join(f"N={s.waiters}: {s.p50_rtt:.2f}" for s in mine)
+        targets.append(
+            {"name": variant.label, "target": True, "passed": passed, "worst_p50_rtt": worst}
+        )
+        session.judge(
+            passed,
+            f"{variant.label}: p50 <= {bound:g} PING RTT for every number of waiters: {detail} RTT",
+        )
+        if variant.layout is Layout.PROCESSES:
+            floors = ", ".join(f"N={s.waiters}: {s.p50_pair:.2f}" for s in mine)
+            print(
+                f"info  {variant.label}: p50 over the floor of a notification between processes "
+                f"(PUBLISH to as many processes in turn): {floors}"
+            )
+        if not shared:
+            most = max(s.server_cmds_per_steady_handoff for s in mine)
+            fits = all(s.server_cmds_per_steady_handoff <= TARGET_COMMANDS for s in mine)
+            counts = ", ".join(
+                f"N={s.waiters}: {s.server_cmds_per_steady_handoff:.1f}" for s in mine
+            )
+            targets.append(
+                {
+                    "name": f"{variant.label} commands",
+                    "target": True,
+                    "passed": fits,
+                    "worst_commands": most,
+                }
+            )
+            session.judge(
+                fits,
+                f"{variant.label}: at most {TARGET_COMMANDS:g} server "
+                f"commands per hand-off (steady state): {counts}",
+            )
+    return targets
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the hand-off benchmark; 1 if any chain saw an overlap, 3 if a target was missed.
-
-    Args:
-        argv: command-line options (``sys.argv[1:]`` when None).
+    """Run the hand-off benchmark with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit code.
+        1 if any chain saw an overlap, else 3 if a target was missed, else 0.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument(
         "--handoffs", type=int, default=None, help="hand-offs per setting (200, 10 with --quick)"
     )
@@ -632,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="seconds each setting may take (default 30, 3 with --quick)",
     )
-    parser.add_argument("--variant", action="append", choices=VARIANTS)
+    parser.add_argument("--variant", action="append", choices=[v.label for v in VARIANTS])
     parser.add_argument(
         "--waiters",
         type=_waiter_counts,
@@ -646,10 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.waiters is None:
         args.waiters = WAITERS_QUICK if args.quick else WAITERS
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    directory = out_dir(args)
-    print(f"hand-off benchmark (loop={args.loop}{', quick' if args.quick else ''})", flush=True)
-    result = run(lambda: _main(args), args.loop)
+    session = BENCHMARK.session(args, argv)
+    session.banner("hand-off benchmark")
+    result = session.run(lambda: _main(args))
     settings: list[Setting] = result["settings"]
     rtt_ms = result["ping_rtt_ms"][50]
     pair_ms = result["release_acquire_pair_ms"][50]
@@ -695,62 +746,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in settings:
         if s.first_error:
             print(f"  {s.variant} N={s.waiters}: first error: {s.first_error}")
-    targets = []
-    for variant in ("aiolock separate", "aiolock processes", "aiolock fair", "aiolock shared"):
-        mine = [s for s in settings if s.variant == variant]
-        if not mine:
-            continue
-        bound = TARGET_RTT if variant == "aiolock shared" else TARGET_RTT_QUEUE
-        worst = max(s.p50_rtt for s in mine)
-        passed = all(s.handoffs and s.p50_rtt <= bound for s in mine)
-        detail = ", ".join(f"N={s.waiters}: {s.p50_rtt:.2f}" for s in mine)
-        targets.append({"name": variant, "target": True, "passed": passed, "worst_p50_rtt": worst})
-        print(
-            f"{mark(passed, args.quick)}  {variant}: p50 <= {bound:g} PING RTT for every "
-            f"number of waiters: {detail} RTT"
-        )
-        if variant == "aiolock processes":
-            floors = ", ".join(f"N={s.waiters}: {s.p50_pair:.2f}" for s in mine)
-            print(
-                f"info  {variant}: p50 over the floor of a notification between processes "
-                f"(PUBLISH to as many processes in turn): {floors}"
-            )
-        if variant != "aiolock shared":
-            most = max(s.server_cmds_per_steady_handoff for s in mine)
-            fits = all(s.server_cmds_per_steady_handoff <= TARGET_COMMANDS for s in mine)
-            counts = ", ".join(
-                f"N={s.waiters}: {s.server_cmds_per_steady_handoff:.1f}" for s in mine
-            )
-            targets.append(
-                {
-                    "name": f"{variant} commands",
-                    "target": True,
-                    "passed": fits,
-                    "worst_commands": most,
-                }
-            )
-            print(
-                f"{mark(fits, args.quick)}  {variant}: at most {TARGET_COMMANDS:g} server "
-                f"commands per hand-off (steady state): {counts}"
-            )
+    targets = _targets(session, settings)
     overlaps = sum(s.overlaps for s in settings)
-    chart = directory / f"{NAME}.png"
-    _chart(chart, settings, args.waiters, rtt_ms, pair_ms)
-    write_json(
-        directory / f"{NAME}.json",
+    _chart(session, settings, args.waiters, rtt_ms, pair_ms)
+    session.write_json(
         {
-            "benchmark": NAME,
-            "command": repro_command(MODULE, argv_list),
-            "loop": args.loop,
-            "quick": args.quick,
+            **session.header(),
             **{k: v for k, v in result.items() if k != "settings"},
             "settings": [asdict(s) for s in settings],
             "targets": targets,
             "overlaps": overlaps,
-        },
+        }
     )
-    missed = 0 if args.quick else sum(not target["passed"] for target in targets)
-    return finish(MODULE, argv_list, chart, directory / f"{NAME}.json", overlaps, missed)
+    return session.finish(broken=overlapping(overlaps))
 
 
 if __name__ == "__main__":

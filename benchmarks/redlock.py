@@ -1,8 +1,8 @@
 """Redlock on 3 and 5 nodes against AsyncLock on one: latency and throughput, same run.
 
-What a quorum costs. Every subject runs on private servers on loopback,
-interleaved round by round so that drift in the machine's speed hits all of
-them alike:
+What a quorum costs. Every subject (:data:`benchmarks._subjects.REDLOCK`)
+runs on private servers on loopback, interleaved round by round so that
+drift in the machine's speed hits all of them alike:
 
 * ``floor``: a bare ``SET NX PX`` then ``DEL`` on one server (the round-trip floor);
 * ``redis-py Lock``: ``redis.asyncio.lock.Lock`` on one server, its default 0.1 s polling;
@@ -38,35 +38,17 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import redis.asyncio as redis
-from redis.asyncio.lock import Lock as RedisPyLock
 
-from aiolock import AsyncLock, Redlock
 from aiolock.testing import RedisServer, ReplicatedServer
 
-from ._common import (
-    add_common_args,
-    finish,
-    out_dir,
-    percentiles,
-    print_table,
-    run,
-    write_json,
-)
+from ._measure import percentiles
+from ._runner import Benchmark, Session, overlapping, print_table
+from ._subjects import REDLOCK, SET_DEL_FLOOR, AiolockLock, Library, Locker, Subject
 
-MODULE: Final = "benchmarks.redlock"
-SUBJECTS: Final = (
-    "floor",
-    "redis-py Lock",
-    "AsyncLock",
-    "AsyncLock replicas=1",
-    "Redlock 3",
-    "Redlock 5",
-)
-TTL: Final = 10.0
+BENCHMARK: Final = Benchmark("redlock", __doc__.split("\n")[0])
 TASKS: Final = 40
 NAMES: Final = 8
 PROCESSES: Final = 8
@@ -109,50 +91,39 @@ def servers() -> Iterator[tuple[list[RedisServer], ReplicatedServer]]:
 Cycle = Callable[[], Awaitable[float]]  # one acquire + release; returns the acquire's seconds
 
 
-class Subject:
-    """Makes cycles of one kind of lock on its servers, with its own clients."""
+class Placed:
+    """A subject on its servers: makes its cycles, with clients of its own."""
 
-    def __init__(self, name: str, urls: Sequence[str]) -> None:
-        self.name = name
+    def __init__(self, subject: Subject, urls: Sequence[str]) -> None:
+        self.subject = subject
         self.urls = list(urls)
         self.clients: list[redis.Redis] = []
+
+    @property
+    def name(self) -> str:
+        """The subject's label."""
+        return self.subject.label
 
     def _clients(self) -> list[redis.Redis]:
         made = [redis.Redis.from_url(url) for url in self.urls]
         self.clients.extend(made)
         return made
 
+    def locker(self, lock_name: str, clients: list[redis.Redis] | None = None) -> Locker:
+        """A locker of ``lock_name`` (on fresh clients if None)."""
+        clients = self._clients() if clients is None else clients
+        (locker,) = self.subject.lockers(clients, lock_name, 1)
+        return locker
+
     def cycle(self, lock_name: str, clients: list[redis.Redis] | None = None) -> Cycle:
         """A function that takes and gives back ``lock_name`` once (on fresh clients if None)."""
-        clients = self._clients() if clients is None else clients
-        first = clients[0]
-        if self.name == "floor":
-            key = f"floor:{{{lock_name}}}"
-
-            async def floor() -> float:
-                token = secrets.token_hex(16)
-                started = time.perf_counter()
-                while not await first.set(key, token, nx=True, px=10_000):  # noqa: ASYNC110 - polls
-                    await asyncio.sleep(0.001)
-                took = time.perf_counter() - started
-                await first.delete(key)
-                return took
-
-            return floor
-        if self.name == "redis-py Lock":
-            lock: Any = RedisPyLock(first, f"redispy:{{{lock_name}}}", timeout=TTL)  # sleep 0.1
-        elif self.name == "AsyncLock":
-            lock = AsyncLock(first, lock_name, ttl=TTL)
-        elif self.name == "AsyncLock replicas=1":
-            lock = AsyncLock(first, lock_name, ttl=TTL, replicas=1)
-        else:
-            lock = Redlock(clients, lock_name, ttl=TTL)
+        locker = self.locker(lock_name, clients)
 
         async def cycle() -> float:
             started = time.perf_counter()
-            assert await lock.acquire()
+            assert await locker.acquire(None)
             took = time.perf_counter() - started
-            await lock.release()
+            await locker.release()
             return took
 
         return cycle
@@ -163,9 +134,9 @@ class Subject:
             await c.aclose()
 
 
-async def latency(subject: Subject, result: Result, cycles: int) -> None:
+async def latency(placed: Placed, result: Result, cycles: int) -> None:
     """One task, uncontended: ``cycles`` acquire + release pairs."""
-    cycle = subject.cycle(f"latency:{secrets.token_hex(4)}")
+    cycle = placed.cycle(f"latency:{secrets.token_hex(4)}")
     await cycle()  # connect, load scripts
     for _ in range(cycles):
         started = time.perf_counter()
@@ -173,12 +144,12 @@ async def latency(subject: Subject, result: Result, cycles: int) -> None:
         result.cycle_s.append(time.perf_counter() - started)
 
 
-async def throughput(subject: Subject, result: Result, seconds: float) -> None:
+async def throughput(placed: Placed, result: Result, seconds: float) -> None:
     """``TASKS`` tasks over ``NAMES`` names for ``seconds``: acquisitions and overlaps."""
     names = [f"busy:{secrets.token_hex(4)}:{i}" for i in range(NAMES)]
     held: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    processes = [subject._clients() for _ in range(PROCESSES)]
-    cycles = [subject.cycle(names[i % NAMES], processes[i % PROCESSES]) for i in range(TASKS)]
+    processes = [placed._clients() for _ in range(PROCESSES)]
+    cycles = [placed.cycle(names[i % NAMES], processes[i % PROCESSES]) for i in range(TASKS)]
     # Connected before the clock starts: connection set-up is not what is measured.
     await asyncio.gather(*(c.ping() for mine in processes for c in mine))
     stop = time.monotonic() + seconds
@@ -199,53 +170,55 @@ async def throughput(subject: Subject, result: Result, seconds: float) -> None:
     result.acquired += sum(len(spans) for spans in held.values())
 
 
-async def _overlaps(subject: Subject, seconds: float) -> int:
-    """Count two-holders-at-once on one name, by marking inside the lock (not by clocks)."""
+async def _overlaps(placed: Placed, seconds: float) -> int:
+    """Count two-holders-at-once on one name, by marking inside the lock (not by clocks).
+
+    aiolock's subjects only: the floor and redis-py's lock are the baselines.
+    """
     name = f"check:{secrets.token_hex(4)}"
     inside = 0
     overlaps = 0
     stop = time.monotonic() + seconds
-    clients = [subject._clients() for _ in range(8)]
+    clients = [placed._clients() for _ in range(8)]
     await asyncio.gather(*(c.ping() for mine in clients for c in mine))
 
     async def work(mine: list[redis.Redis]) -> None:
         nonlocal inside, overlaps
-        if subject.name == "floor" or subject.name == "redis-py Lock":
+        if placed.subject.library is not Library.AIOLOCK:
             return
-        if subject.name.startswith("Redlock"):
-            lock: Any = Redlock(mine, name, ttl=TTL)
-        else:
-            lock = AsyncLock(mine[0], name, ttl=TTL, replicas=int("replicas" in subject.name))
+        locker = placed.locker(name, mine)
         while time.monotonic() < stop:
-            async with lock:
+            assert await locker.acquire(None)
+            try:
                 inside += 1
                 overlaps += inside > 1
                 await asyncio.sleep(0)
                 inside -= 1
+            finally:
+                await locker.release()
 
     await asyncio.gather(*(work(c) for c in clients))
     return overlaps
 
 
+def _urls(subject: Subject, independent: list[RedisServer], group: ReplicatedServer) -> list[str]:
+    """Where ``subject`` runs: a master and its replica, or the first of the independent servers."""
+    if isinstance(subject, AiolockLock) and subject.replicas:
+        return [group.url]
+    return [server.url for server in independent[: subject.servers]]
+
+
 @contextlib.asynccontextmanager
-async def subjects(
+async def placed(
     independent: list[RedisServer], group: ReplicatedServer
-) -> AsyncIterator[list[Subject]]:
-    """The subjects of :data:`SUBJECTS`, each on its servers; clients closed on exit."""
-    one = [independent[0].url]
-    made = [
-        Subject("floor", one),
-        Subject("redis-py Lock", one),
-        Subject("AsyncLock", one),
-        Subject("AsyncLock replicas=1", [group.url]),
-        Subject("Redlock 3", [s.url for s in independent[:3]]),
-        Subject("Redlock 5", [s.url for s in independent]),
-    ]
+) -> AsyncIterator[list[Placed]]:
+    """Each subject of ``REDLOCK`` on its servers; clients closed on exit."""
+    made = [Placed(subject, _urls(subject, independent, group)) for subject in REDLOCK]
     try:
         yield made
     finally:
-        for subject in made:
-            await subject.aclose()
+        for one in made:
+            await one.aclose()
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,73 +226,60 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     cycles = 50 if args.quick else 400
     seconds = 0.3 if args.quick else 2.0
     with servers() as (independent, group):
-        async with subjects(independent, group) as made:
-            results = {s.name: Result(s.name) for s in made}
+        async with placed(independent, group) as made:
+            results = {p.name: Result(p.name) for p in made}
             for _ in range(rounds):
-                for subject in made:
-                    await latency(subject, results[subject.name], cycles)
-                for subject in made:
-                    await throughput(subject, results[subject.name], seconds)
-            for subject in made:
-                results[subject.name].overlaps = await _overlaps(subject, seconds)
+                for one in made:
+                    await latency(one, results[one.name], cycles)
+                for one in made:
+                    await throughput(one, results[one.name], seconds)
+            for one in made:
+                results[one.name].overlaps = await _overlaps(one, seconds)
     return {"results": results, "rounds": rounds, "cycles": cycles, "seconds": seconds}
 
 
-def _chart(path: Path, results: Sequence[Result]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _chart(session: Session, results: Sequence[Result]) -> None:
     names = [r.subject for r in results]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    p50 = [percentiles(r.acquire_s)[50] * 1000 for r in results]
-    p99 = [percentiles(r.acquire_s)[99] * 1000 for r in results]
-    left.bar(names, p50, label="p50")
-    left.scatter(names, p99, marker="v", color="black", zorder=3, label="p99")
-    left.set_ylabel("uncontended acquire(), ms")
-    left.set_title("latency")
-    left.legend(fontsize=8)
-    right.bar(names, [r.per_second for r in results])
-    right.set_ylabel(f"acquisitions/s ({TASKS} tasks, {NAMES} names, {PROCESSES} clients)")
-    right.set_title("throughput")
-    for ax in (left, right):
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    figure.suptitle("Redlock vs AsyncLock (private servers on loopback, 2 cores)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with session.chart(1, 2, figsize=(12, 4.5)) as (figure, (left, right)):
+        p50 = [percentiles(r.acquire_s)[50] * 1000 for r in results]
+        p99 = [percentiles(r.acquire_s)[99] * 1000 for r in results]
+        left.bar(names, p50, label="p50")
+        left.scatter(names, p99, marker="v", color="black", zorder=3, label="p99")
+        left.set_ylabel("uncontended acquire(), ms")
+        left.set_title("latency")
+        left.legend(fontsize=8)
+        right.bar(names, [r.per_second for r in results])
+        right.set_ylabel(f"acquisitions/s ({TASKS} tasks, {NAMES} names, {PROCESSES} clients)")
+        right.set_title("throughput")
+        for ax in (left, right):
+            ax.tick_params(axis="x", rotation=30, labelsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        figure.suptitle("Redlock vs AsyncLock (private servers on loopback, 2 cores)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; return 1 if any subject let two holders in at once, else 0.
-
-    Args:
-        argv: command-line options (``sys.argv[1:]`` when None).
+    """Run the Redlock benchmark with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit code.
+        1 if any subject let two holders in at once, else 0.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     args = parser.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    directory = out_dir(args)
-    print(f"redlock benchmark (loop={args.loop}{', quick' if args.quick else ''})", flush=True)
-    outcome = run(lambda: _main(args), args.loop)
+    session = BENCHMARK.session(args, argv)
+    session.banner("redlock benchmark")
+    outcome = session.run(lambda: _main(args))
     results: dict[str, Result] = outcome["results"]
-    floor = results["floor"]
+    floor = results[SET_DEL_FLOOR.label]
     floor_p50 = percentiles(floor.acquire_s)[50]
     floor_cycle = percentiles(floor.cycle_s)[50]
     rows = []
-    for name in SUBJECTS:
-        r = results[name]
+    for subject in REDLOCK:
+        r = results[subject.label]
         acquire = percentiles(r.acquire_s)
         cycle = percentiles(r.cycle_s)
         rows.append(
             [
-                name,
+                subject.label,
                 f"{acquire[50] * 1000:.3f}",
                 f"{acquire[99] * 1000:.3f}",
                 f"{acquire[50] / floor_p50:.2f}x",
@@ -328,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{r.per_second:,.0f}",
                 f"{r.per_second / floor.per_second:.2f}x",
                 r.failures,
-                "-" if name in ("floor", "redis-py Lock") else r.overlaps,
+                r.overlaps if subject.library is Library.AIOLOCK else "-",
             ]
         )
     print_table(
@@ -348,16 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         rows,
     )
-    chart = directory / "redlock.png"
-    data = directory / "redlock.json"
-    ordered = [results[name] for name in SUBJECTS]
-    _chart(chart, ordered)
-    write_json(
-        data,
+    ordered = [results[subject.label] for subject in REDLOCK]
+    _chart(session, ordered)
+    session.write_json(
         {
-            "benchmark": "redlock",
-            "loop": args.loop,
-            "quick": args.quick,
+            "benchmark": BENCHMARK.name,
+            "loop": session.loop,
+            "quick": session.quick,
             "rounds": outcome["rounds"],
             "cycles_per_round": outcome["cycles"],
             "throughput_seconds_per_round": outcome["seconds"],
@@ -375,10 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 for r in ordered
             },
-        },
+        }
     )
-    overlaps = sum(r.overlaps for r in ordered)
-    return finish(MODULE, argv_list, chart, data, overlaps)
+    return session.finish(broken=overlapping(sum(r.overlaps for r in ordered)))
 
 
 if __name__ == "__main__":

@@ -59,29 +59,28 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
-from aiolock import AsyncLock, ReadWriteLock, Semaphore
 from aiolock._wire import MAX_SLOTS
 from aiolock.testing import LocalCluster
 
-from ._common import (
-    EXIT_MISSED,
-    add_common_args,
-    embedded_server,
-    mark,
-    out_dir,
-    print_table,
-    repro_command,
-    run,
-    server_commands,
-    write_json,
+from ._measure import embedded_server, server_commands
+from ._runner import Benchmark, mark, print_table, run
+from ._subjects import (
+    AIOLOCK,
+    AIOLOCK_FAIR,
+    RW_READER,
+    RW_WRITER,
+    AiolockLock,
+    AiolockReadWrite,
+    AiolockSemaphore,
+    semaphore,
 )
 
-NAME: Final = "scale"
-MODULE: Final = "benchmarks.scale"
+BENCHMARK: Final = Benchmark("scale", __doc__.split("\n\n")[0])
 WORKLOADS: Final = ("held", "waiters", "cost", "floor")
 #: The lease of the held locks.
 HELD_TTL: Final = 3.0
@@ -183,7 +182,7 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
         # The pool's connections first (they are the client's, not the locks'): as
         # many as aiolock may use at once, to each server (a cluster's pools are per
         # master, and each may grow to that many), and the code paths warmed.
-        warm = [AsyncLock(client, f"bench:scale:warm:{i}", ttl=HELD_TTL) for i in range(200)]
+        warm = [AIOLOCK.make(client, f"bench:scale:warm:{i}", ttl=HELD_TTL) for i in range(200)]
         await asyncio.gather(*(lock.acquire() for lock in warm))
         await asyncio.gather(*(lock.release() for lock in warm))
         del warm
@@ -203,7 +202,7 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
         await asyncio.sleep(IDLE_S)
         idle = (await _cpu([admin]) - idle0) / (time.monotonic() - t0)
         locks = [
-            AsyncLock(client, f"bench:scale:{i}", ttl=HELD_TTL, on_lost=lost.append)
+            AIOLOCK.make(client, f"bench:scale:{i}", ttl=HELD_TTL, on_lost=lost.append)
             for i in range(count)
         ]
         started = time.monotonic()
@@ -272,10 +271,41 @@ def _client(url: str, pool: str) -> Redis:
     return Redis.from_url(url, max_connections=20)
 
 
+@dataclass(frozen=True)
+class Crowd:
+    """A row of the waiters workload: the primitive its tasks wait on and cycle through.
+
+    Attributes:
+        kind: the row's name.
+        subject: what the tasks take.
+        writer: what every tenth task takes instead (from the first), if anything.
+        most: how many may hold at once (None: any number, while no writer holds).
+    """
+
+    kind: str
+    subject: AiolockLock | AiolockSemaphore | AiolockReadWrite
+    writer: AiolockReadWrite | None = None
+    most: int | None = None
+
+    def exclusive(self, index: int) -> bool:
+        """Whether the ``index``-th task holds alone."""
+        return self.most == 1 or (self.writer is not None and index % 10 == 0)
+
+
+#: The waiters workload's rows: a semaphore of 10 permits, a fair lock, a read-write lock
+#: whose every tenth task is a writer.
+CROWDS: Final = (
+    Crowd("semaphore", semaphore(10), most=10),
+    Crowd("fair", AIOLOCK_FAIR, most=1),
+    Crowd("rw", RW_READER, writer=RW_WRITER),
+)
+
+
 async def waiters(
-    url: str, kind: str, pool: str, count: int, hold: float, window: float
+    url: str, crowd: Crowd, pool: str, count: int, hold: float, window: float
 ) -> dict[str, Any]:
-    """``count`` tasks cycle through one primitive of ``kind``; see the module's text."""
+    """``count`` tasks cycle through the primitive of ``crowd``; see the module's text."""
+    kind = crowd.kind
     name = f"bench:scale:wait:{kind}:{pool}"
     client = _client(url, pool)
     other = Redis.from_url(url)
@@ -285,18 +315,11 @@ async def waiters(
     done = 0
     stop = asyncio.Event()
 
-    def side(index: int) -> Any:
-        if kind == "semaphore":
-            return Semaphore(client, name, 10, ttl=10.0)
-        if kind == "fair":
-            return AsyncLock(client, name, ttl=10.0, fair=True)
-        rw = ReadWriteLock(client, name, ttl=10.0)
-        return rw.writer if index % 10 == 0 else rw.reader
-
     async def cycle(index: int) -> None:
         nonlocal done
-        lock = side(index)
-        writer = kind == "fair" or (kind == "rw" and index % 10 == 0)
+        subject = crowd.writer if crowd.writer is not None and index % 10 == 0 else crowd.subject
+        lock = subject.make(client, name, ttl=10.0)
+        writer = crowd.exclusive(index)
         while not stop.is_set():
             try:
                 if not await lock.acquire(timeout=WAIT_TIMEOUT):
@@ -310,9 +333,7 @@ async def waiters(
                 inside["w" if writer else "r"] += 1
                 now = inside["r"] + inside["w"]
                 inside["most"] = max(inside["most"], now)
-                if kind == "semaphore" and now > 10:
-                    inside["bad"] += 1
-                if kind != "semaphore" and inside["w"] and now > 1:
+                if (crowd.most is not None and now > crowd.most) or (inside["w"] and now > 1):
                     inside["bad"] += 1
                 await asyncio.sleep(INSIDE)
                 done += 1
@@ -323,13 +344,9 @@ async def waiters(
                 except Exception as exc:
                     errors["release " + type(exc).__name__] += 1
 
-    # Held elsewhere first: every task waits.
-    if kind == "semaphore":
-        blockers: list[Any] = [Semaphore(other, name, 10, ttl=30.0) for _ in range(10)]
-    elif kind == "fair":
-        blockers = [AsyncLock(other, name, ttl=30.0, fair=True)]
-    else:
-        blockers = [ReadWriteLock(other, name, ttl=30.0).writer]
+    # Held elsewhere first, by its writer or as many holders as may hold: every task waits.
+    first = crowd.writer or crowd.subject
+    blockers = [first.make(other, name, ttl=30.0) for _ in range(crowd.most or 1)]
     for blocker in blockers:
         assert await blocker.acquire(timeout=10)
     tasks = [asyncio.create_task(cycle(i)) for i in range(count)]
@@ -378,16 +395,28 @@ async def waiters(
 # -- cost ------------------------------------------------------------------------------------
 
 
-async def cost(url: str, kind: str, holders: int, cycles: int) -> dict[str, Any]:
+#: The cost workload's rows: a reader of a read-write lock, a permit of a semaphore with 10
+#: more permits than holders.
+COSTS: Final[tuple[tuple[str, Callable[[int], AiolockSemaphore | AiolockReadWrite]], ...]] = (
+    ("rw", lambda _: RW_READER),
+    ("semaphore", lambda holders: semaphore(holders + 10)),
+)
+
+
+async def cost(
+    url: str,
+    kind: str,
+    subject: AiolockSemaphore | AiolockReadWrite,
+    holders: int,
+    cycles: int,
+) -> dict[str, Any]:
     """The server's CPU per acquire + release of one more holder, ``holders`` holding."""
     name = f"bench:scale:cost:{kind}:{holders}"
     client = Redis.from_url(url)
     admin = Redis.from_url(url)
 
     def make() -> Any:
-        if kind == "semaphore":
-            return Semaphore(client, name, holders + 10, ttl=120.0, auto_renew=False)
-        return ReadWriteLock(client, name, ttl=120.0, auto_renew=False).reader
+        return subject.make(client, name, ttl=120.0, auto_renew=False)
 
     others = [make() for _ in range(holders)]
     try:
@@ -424,7 +453,7 @@ async def _held_apart(url: str, count: int, hold: float, *, cluster: bool) -> di
     aiolock included), and prints its row as JSON.
     """
     command = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
-    command += ["-m", MODULE, "--held-one", str(count), "--url", url, "--hold", str(hold)]
+    command += ["-m", BENCHMARK.module, "--held-one", str(count), "--url", url, "--hold", str(hold)]
     if cluster:
         command.append("--on-cluster")
     done = await asyncio.to_thread(
@@ -452,22 +481,23 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     if "waiters" in args.workload:
         rows = []
         with embedded_server() as server:
-            for kind in ("semaphore", "fair", "rw"):
+            for crowd in CROWDS:
                 for pool in ("max20", "blocking100"):
-                    print(f"  waiters: {kind} on {pool} ...", flush=True)
+                    print(f"  waiters: {crowd.kind} on {pool} ...", flush=True)
                     rows.append(
                         await waiters(
-                            server.url, kind, pool, args.waiters, args.wait_hold, args.window
+                            server.url, crowd, pool, args.waiters, args.wait_hold, args.window
                         )
                     )
         result["waiters"] = rows
     if "cost" in args.workload:
         rows = []
         with embedded_server() as server:
-            for kind in ("rw", "semaphore"):
+            for kind, subject_of in COSTS:
                 for holders in args.holders:
                     print(f"  cost: {kind} with {holders} holders ...", flush=True)
-                    rows.append(await cost(server.url, kind, holders, args.cycles))
+                    subject = subject_of(holders)
+                    rows.append(await cost(server.url, kind, subject, holders, args.cycles))
         result["cost"] = rows
     if "floor" in args.workload:
         with embedded_server() as server:
@@ -678,13 +708,12 @@ def _sizes(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the chosen workloads; print the tables; write ``scale.json`` (in ``--out``).
+    """Run the chosen workloads with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
         3 (``EXIT_MISSED``) if a bound did not hold (not judged with ``--quick``), else 0.
     """
-    parser = argparse.ArgumentParser(prog=MODULE, description=__doc__.split("\n\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument(
         "--workload",
         action="append",
@@ -705,8 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--on-cluster", action="store_true", help=argparse.SUPPRESS)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv_list)
+    args = parser.parse_args(argv)
     if args.held_one is not None:
         row = run(
             lambda: held(args.url, args.held_one, args.hold or 30.0, cluster=args.on_cluster),
@@ -725,29 +753,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.window = args.window or (3.0 if quick else 10.0)
     args.holders = args.holders or ([0, 300] if quick else [0, 1000, 3000])
     args.cycles = args.cycles or (100 if quick else 300)
+    session = BENCHMARK.session(args, argv)
     print(f"scale benchmark: {', '.join(args.workload)}")
-    result = run(lambda: _main(args), args.loop)
+    result = session.run(lambda: _main(args))
     ok = _report(result, quick)
-    path = out_dir(args) / f"{NAME}.json"
-    write_json(
-        path,
-        {
-            "benchmark": NAME,
-            "command": repro_command(MODULE, argv_list),
-            "loop": args.loop,
-            **result,
-        },
+    session.write_json(
+        {"benchmark": BENCHMARK.name, "command": session.command, "loop": session.loop, **result}
     )
-    print(f"wrote {path}")
-    print(f"reproduce: {repro_command(MODULE, argv_list)}")
     if quick:
-        print(f"info: {'every bound held' if ok else 'a bound did not hold'} (--quick: not judged)")
-    elif not ok:
-        print("FAIL: a bound did not hold (see the tables)", file=sys.stderr)
-        return EXIT_MISSED
+        passed = (
+            f"info: {'every bound held' if ok else 'a bound did not hold'} (--quick: not judged)"
+        )
     else:
-        print("PASS: every bound held")
-    return 0
+        passed = "PASS: every bound held"
+    return session.finish(
+        missed="" if ok else "a bound did not hold (see the tables)", passed=passed
+    )
 
 
 if __name__ == "__main__":

@@ -63,33 +63,32 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import redis.asyncio as redis
 
 from aiolock.testing import free_port
-from benchmarks._common import (
-    EXIT_MISSED,
+from benchmarks._measure import (
     PERCENTILES,
-    add_common_args,
     count_overlaps,
     embedded_server,
     fmt_ms,
-    mark,
-    out_dir,
     percentiles,
-    print_table,
-    repro_command,
-    run,
     server_commands,
-    write_json,
 )
-from benchmarks._seckill_app import ARTICLE_ROWS, DEFAULT_ROWS, LOCK_NAME, STRATEGIES
+from benchmarks._runner import Benchmark, Session, in_turn, print_table
+from benchmarks._seckill_app import LOCK_NAME
+from benchmarks._subjects import ARTICLE_ROWS, DEFAULT_ROWS, SECKILL
 
 __all__ = ["main"]
 
-_NAME = "seckill"
+BENCHMARK: Final = Benchmark(
+    "seckill",
+    "The seckill load test of the article 「分布式」实现分布式锁的正确姿势 "
+    "(ab -n 2000 -c 1000): its five retry strategies as aiolock policies "
+    "without notifications, against aiolock's default.",
+)
 _ROOT = Path(__file__).resolve().parent.parent
 _STOCK_KEY = "seckill:stock"
 _SOLD_KEY = "seckill:sold"
@@ -476,7 +475,7 @@ async def _bench(args: argparse.Namespace, redis_url: str) -> list[_Row]:
     A new round starts only while the time budget lasts (the first always runs).
     """
     admin = redis.Redis.from_url(redis_url)
-    rows = {key: _Row(key, STRATEGIES[key].label) for key in args.strategies}
+    rows = {key: _Row(key, SECKILL[key].label) for key in args.strategies}
     keys = list(rows)
     started = time.monotonic()
     try:
@@ -485,8 +484,7 @@ async def _bench(args: argparse.Namespace, redis_url: str) -> list[_Row]:
             if round_ and elapsed * (round_ + 1) / round_ > args.time_budget:
                 print(f"stopping after {round_} rounds: the next would pass --time-budget")
                 break
-            for index in range(len(keys)):
-                key = keys[(index + round_) % len(keys)]
+            for key in in_turn(keys, round_):
                 result = await _run_once(admin, redis_url, key, args)
                 rows[key].runs.append(result)
                 print(
@@ -634,49 +632,40 @@ def _verdict(rows: Sequence[_Row], default: _Row | None) -> tuple[list[str], boo
     return [head, *(f"  - {miss}" for miss in misses)], met
 
 
-def _plot(rows: Sequence[_Row], path: Path, args: argparse.Namespace) -> None:
+def _plot(session: Session, rows: Sequence[_Row], args: argparse.Namespace) -> None:
     """Latency percentile curves per strategy, and Redis commands per acquisition."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     points = list(range(1, 101))
-    figure, (curves, bars) = plt.subplots(
-        1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]}
-    )
-    for row in rows:
-        latencies = row.latencies
-        if not latencies:
-            continue
-        values = percentiles(latencies, points)
-        style: dict[str, Any] = (
-            {"linewidth": 2.8, "color": "black"} if row.key == "default" else {"linewidth": 1.5}
+    widths = {"width_ratios": [3, 2]}
+    with session.chart(1, 2, figsize=(14, 5.5), gridspec_kw=widths) as (_, (curves, bars)):
+        for row in rows:
+            latencies = row.latencies
+            if not latencies:
+                continue
+            values = percentiles(latencies, points)
+            style: dict[str, Any] = (
+                {"linewidth": 2.8, "color": "black"} if row.key == "default" else {"linewidth": 1.5}
+            )
+            curves.plot(points, [values[p] * 1000 for p in points], label=row.label, **style)
+        curves.set_xlim(1, 100)
+        curves.set_xlabel("percentage of the requests served within a certain time (%)")
+        curves.set_ylabel("time per request (ms)")
+        curves.set_title(
+            f"seckill, like ab -n {args.requests} -c {args.concurrency}: "
+            f"{args.workers} uvicorn workers, stock {args.stock}"
         )
-        curves.plot(points, [values[p] * 1000 for p in points], label=row.label, **style)
-    curves.set_xlim(1, 100)
-    curves.set_xlabel("percentage of the requests served within a certain time (%)")
-    curves.set_ylabel("time per request (ms)")
-    curves.set_title(
-        f"seckill, like ab -n {args.requests} -c {args.concurrency}: "
-        f"{args.workers} uvicorn workers, stock {args.stock}"
-    )
-    curves.grid(True, alpha=0.3)
-    curves.legend(fontsize="small", loc="upper left")
-    labels = [row.label for row in rows]
-    client = [row.lock_commands_per_acquisition for row in rows]
-    server = [row.per_acquisition("server_commands") for row in rows]
-    positions = list(range(len(rows)))
-    bars.barh([p - 0.2 for p in positions], client, height=0.4, label="lock commands sent")
-    bars.barh([p + 0.2 for p in positions], server, height=0.4, label="all server commands")
-    bars.set_yticks(positions, labels, fontsize="small")
-    bars.invert_yaxis()
-    bars.set_xlabel("Redis commands per acquisition")
-    bars.set_title("load on Redis")
-    bars.legend(fontsize="small", loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+        curves.grid(True, alpha=0.3)
+        curves.legend(fontsize="small", loc="upper left")
+        labels = [row.label for row in rows]
+        client = [row.lock_commands_per_acquisition for row in rows]
+        server = [row.per_acquisition("server_commands") for row in rows]
+        positions = list(range(len(rows)))
+        bars.barh([p - 0.2 for p in positions], client, height=0.4, label="lock commands sent")
+        bars.barh([p + 0.2 for p in positions], server, height=0.4, label="all server commands")
+        bars.set_yticks(positions, labels, fontsize="small")
+        bars.invert_yaxis()
+        bars.set_xlabel("Redis commands per acquisition")
+        bars.set_title("load on Redis")
+        bars.legend(fontsize="small", loc="lower right")
 
 
 def _run_json(result: _Run, concurrency: int) -> dict[str, Any]:
@@ -723,7 +712,7 @@ def _row_json(row: _Row, concurrency: int) -> dict[str, Any]:
     return {
         "key": row.key,
         "label": row.label,
-        "description": STRATEGIES[row.key].description,
+        "description": SECKILL[row.key].description,
         "runs": len(row.runs),
         "failed": row.failed,
         "mean_ms": row.mean * 1000,
@@ -747,15 +736,7 @@ def _row_json(row: _Row, concurrency: int) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.seckill",
-        description=(
-            "The seckill load test of the article 「分布式」实现分布式锁的正确姿势 "
-            "(ab -n 2000 -c 1000): its five retry strategies as aiolock policies "
-            "without notifications, against aiolock's default."
-        ),
-    )
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument("--workers", type=int, default=2, help="uvicorn workers (default 2)")
     parser.add_argument(
         "--clients",
@@ -795,7 +776,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--strategies",
         default=",".join(DEFAULT_ROWS),
-        help=f"comma-separated rows to run, of {','.join(STRATEGIES)} "
+        help=f"comma-separated rows to run, of {','.join(SECKILL)} "
         f"(default: {','.join(DEFAULT_ROWS)})",
     )
     return parser
@@ -825,10 +806,7 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the seckill benchmark.
-
-    Args:
-        argv: the command-line options (``sys.argv[1:]`` when None).
+    """Run the seckill benchmark with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
         0, or 1 if any run oversold, overlapped, sold inconsistently, or could
@@ -839,36 +817,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _fill_defaults(args)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in args.strategies if s not in STRATEGIES]
+    unknown = [s for s in args.strategies if s not in SECKILL]
     if unknown:
-        parser.error(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        parser.error(f"unknown strategies {unknown}; choose from {', '.join(SECKILL)}")
     if min(args.workers, args.clients, args.requests, args.concurrency, args.repeat) < 1:
         parser.error("--workers, --clients, --requests, --concurrency, --repeat must be >= 1")
     if args.stock < 0:
         parser.error("--stock must be >= 0")
-    out = out_dir(args)
+    session = BENCHMARK.session(args, argv)
     # SIGTERM stops the run like Ctrl-C does: uvicorn and the server are stopped on the way out.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with embedded_server() as server:
             url = server.url
-            rows = run(lambda: _bench(args, url), args.loop)
+            rows = session.run(lambda: _bench(args, url))
     except KeyboardInterrupt:
         print("interrupted: uvicorn and the server were stopped", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     verdict, met = _report(rows, args)
-    verdict[0] = f"{mark(met, args.quick)}  {verdict[0]}"
-    for line in verdict:
+    verdict[0] = session.judge(met, verdict[0])
+    for line in verdict[1:]:
         print(line)
-    _plot(rows, out / f"{_NAME}.png", args)
-    command = repro_command(f"benchmarks.{_NAME}", argv)
-    write_json(
-        out / f"{_NAME}.json",
+    _plot(session, rows, args)
+    session.write_json(
         {
-            "benchmark": _NAME,
-            "command": command,
+            "benchmark": BENCHMARK.name,
+            "command": session.command,
             "config": {
                 "requests": args.requests,
                 "concurrency": args.concurrency,
@@ -884,7 +860,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "rows": [_row_json(row, args.concurrency) for row in rows],
             "target": {"met": met, "verdict": verdict},
-        },
+        }
     )
     for row in rows:
         for number, one in enumerate(row.runs, 1):
@@ -895,16 +871,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row.label} run {number}: sold {one.sold} units but answered ok "
                     f"{one.ok_true} times and sold out {one.ok_false} times"
                 )
-    print(f"wrote {out / f'{_NAME}.png'} and {out / f'{_NAME}.json'}")
-    print(f"reproduce: {command}")
     bad = [row.label for row in rows if not row.correct]
-    if bad:
-        print(f"CORRECTNESS FAILURE in: {', '.join(bad)}")
-        return 1
-    if not met and not args.quick:
-        print("FAIL: the target was missed (see the FAIL line above)", file=sys.stderr)
-        return EXIT_MISSED
-    return 0
+    return session.finish(
+        broken=f"correctness failure in: {', '.join(bad)}" if bad else "",
+        missed="" if met else "the target was missed (see the FAIL line above)",
+    )
 
 
 if __name__ == "__main__":

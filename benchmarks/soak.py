@@ -89,11 +89,10 @@ from redis.exceptions import RedisError
 
 from aiolock.testing import RedisServer
 
-from ._common import add_common_args, out_dir, print_table, repro_command, run, write_json
+from ._runner import Benchmark, print_table
 from ._soak_worker import WorkerConfig, resource_keys, worker_main
 
-NAME: Final = "soak"
-MODULE: Final = "benchmarks.soak"
+BENCHMARK: Final = Benchmark("soak", __doc__.split("\n")[0])
 ROOT: Final = Path(__file__).resolve().parent.parent
 
 #: The longest run ``--duration`` allows, in seconds.
@@ -970,16 +969,12 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the soak; return 1 if fenced updates were lost or a worker crashed, else 0.
-
-    Args:
-        argv: command-line options (``sys.argv[1:]`` when None).
+    """Run the soak with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit code.
+        1 if fenced updates were lost or a worker or coroutine crashed, else 0.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument(
         "--duration",
         type=float,
@@ -1024,48 +1019,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     config = _config(args, parser)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
+    session = BENCHMARK.session(args, argv)
     if args.draw is None:
-        argv_list += ["--draw", str(config.draw)]
-    directory = out_dir(args)
+        session.argv += ["--draw", str(config.draw)]
     print(
         f"soak (loop={config.loop}{', quick' if args.quick else ''}, draw {config.draw}): "
         f"lock server behind a fault proxy, resource server unfaulted",
         flush=True,
     )
     try:
-        raw = run(lambda: _soak(config), config.loop)
+        raw = session.run(lambda: _soak(config))
     except TimeoutError:
         print(f"ERROR: the soak did not finish within {config.bound:.0f} s", file=sys.stderr)
         return 1
     summary = summarize(config, raw)
     _print_summary(config, summary)
-    data = directory / f"{NAME}.json"
-    write_json(
-        data,
+    session.write_json(
         {
-            "benchmark": NAME,
-            "command": repro_command(MODULE, argv_list),
-            "loop": config.loop,
-            "quick": args.quick,
+            **session.header(),
             "config": {
                 **{k: v for k, v in vars(config).items() if k != "fault_gap"},
                 "fault_gap": list(config.fault_gap),
             },
             **summary,
-        },
+        }
     )
     for line in _warnings(summary):
         print(f"WARN  {line}")
-    print(f"wrote {data}")
-    print(f"reproduce: {repro_command(MODULE, argv_list)}")
-    if summary["failures"]:
-        print(f"FAIL: {'; '.join(summary['failures'])}", file=sys.stderr)
+    code = session.finish(
+        broken="; ".join(summary["failures"]),
+        passed="PASS: no fenced update lost, no worker or coroutine crashed",
+    )
+    if code:
         for text in list(summary["worker_crashes"].values())[:2] + summary["coroutine_crashes"][:2]:
             print(text[-3000:], file=sys.stderr)
-        return 1
-    print("PASS: no fenced update lost, no worker or coroutine crashed")
-    return 0
+    return code
 
 
 if __name__ == "__main__":

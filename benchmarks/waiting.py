@@ -37,40 +37,30 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from aiolock import AsyncLock
 from aiolock._keys import keys_for
 
-from ._common import (
-    EXIT_MISSED,
-    add_common_args,
-    embedded_server,
-    mark,
-    out_dir,
-    print_table,
-    repro_command,
-    run,
-    server_commands,
-    write_json,
-)
+from ._measure import embedded_server, server_commands
+from ._runner import Benchmark, print_table
+from ._subjects import AIOLOCK
 
-NAME: Final = "waiting"
-MODULE: Final = "benchmarks.waiting"
+BENCHMARK: Final = Benchmark("waiting", __doc__.split("\n\n")[0])
 ROOT: Final = Path(__file__).resolve().parent.parent
 #: The issue's bound: commands per second per waiting client.
 TARGET_PER_CLIENT: Final = 1.0
 #: The issue's bound on a hand-off between clients (server commands).
 TARGET_HANDOFF: Final = 12.0
 
+#: A worker process: its clients each wait for the lock (the registry's ``AIOLOCK``).
 WORKER = """
 import asyncio, sys, time
 import redis.asyncio as redis
-from aiolock import AsyncLock
+from benchmarks._subjects import AIOLOCK
 async def main(url, name, count):
     clients = [redis.Redis.from_url(url) for _ in range(int(count))]
     overlaps = 0
     async def wait_then_hold(client):
         nonlocal overlaps
-        async with AsyncLock(client, name, ttl=10.0):
+        async with AIOLOCK.make(client, name):
             if await client.incr(name + ":inside") != 1:
                 overlaps += 1
             await asyncio.sleep(0.001)
@@ -123,7 +113,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         holder_client = Redis.from_url(server.url)
         workers: list[asyncio.subprocess.Process] = []
         try:
-            holder = AsyncLock(holder_client, name, ttl=10.0)
+            holder = AIOLOCK.make(holder_client, name)
             assert await holder.acquire()
             await asyncio.sleep(0.2)
             memory_before = await _memory(admin)
@@ -210,25 +200,24 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; print the figures; write ``waiting.json`` (in ``--out``).
+    """Run the waiting benchmark with the options ``argv`` (``sys.argv[1:]`` when None).
 
     Returns:
         1 on an overlap or a key left, 3 (``EXIT_MISSED``) if a target was missed
         (not judged with ``--quick``), else 0.
     """
-    parser = argparse.ArgumentParser(prog=MODULE, description=__doc__.split("\n\n")[0])
-    add_common_args(parser)
+    parser = BENCHMARK.parser()
     parser.add_argument("--clients", type=int, default=None, help="waiting clients (1000)")
     parser.add_argument("--processes", type=int, default=4, help="worker processes (4)")
     parser.add_argument("--window", type=float, default=None, help="seconds of waiting (10)")
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv_list)
+    args = parser.parse_args(argv)
     args.clients = args.clients or (100 if args.quick else 1000)
     args.window = args.window or (3.0 if args.quick else 10.0)
     if args.clients < args.processes or args.processes < 1:
         parser.error("want at least one client per process")
+    session = BENCHMARK.session(args, argv)
     print(f"waiting benchmark: {args.clients} clients in {args.processes} processes")
-    result = run(lambda: _main(args), args.loop)
+    result = session.run(lambda: _main(args))
     per_client = result["waiting_commands_per_s_per_client"]
     handoff = result["commands_per_handoff"]
     print_table(
@@ -252,35 +241,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             ["keys left", len(result["keys_left"])],
         ],
     )
-    ok_wait = per_client <= TARGET_PER_CLIENT
-    ok_handoff = handoff <= TARGET_HANDOFF
-    print(
-        f"{mark(ok_wait, args.quick)}  at most {TARGET_PER_CLIENT:g} command per second "
-        f"per waiting client: {per_client:.3f}"
+    session.judge(
+        per_client <= TARGET_PER_CLIENT,
+        f"at most {TARGET_PER_CLIENT:g} command per second per waiting client: {per_client:.3f}",
     )
-    print(
-        f"{mark(ok_handoff, args.quick)}  at most {TARGET_HANDOFF:g} commands per hand-off "
-        f"among them: {handoff:.1f}"
+    session.judge(
+        handoff <= TARGET_HANDOFF,
+        f"at most {TARGET_HANDOFF:g} commands per hand-off among them: {handoff:.1f}",
     )
-    path = out_dir(args) / f"{NAME}.json"
-    write_json(
-        path,
-        {
-            "benchmark": NAME,
-            "command": repro_command(MODULE, argv_list),
-            "loop": args.loop,
-            **result,
-        },
+    session.write_json(
+        {"benchmark": BENCHMARK.name, "command": session.command, "loop": session.loop, **result}
     )
-    print(f"wrote {path}")
-    print(f"reproduce: {repro_command(MODULE, argv_list)}")
-    if result["overlaps"] or result["keys_left"]:
-        print("ERROR: overlapping holdings or keys left", file=sys.stderr)
-        return 1
-    if not (ok_wait and ok_handoff) and not args.quick:
-        print("FAIL: a target was missed (see the FAIL lines above)", file=sys.stderr)
-        return EXIT_MISSED
-    return 0
+    broken = result["overlaps"] or result["keys_left"]
+    return session.finish(
+        broken="overlapping holdings or keys left" if broken else "",
+        missed="a target was missed (see the FAIL lines above)" if session.missed else "",
+    )
 
 
 if __name__ == "__main__":

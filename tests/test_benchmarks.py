@@ -181,7 +181,7 @@ def test_python_m_benchmarks_exits_nonzero_when_one_misses_a_target(
     """
     monkeypatch.syspath_prepend(str(ROOT))
     runner = importlib.import_module("benchmarks.__main__")
-    assert importlib.import_module("benchmarks._common").EXIT_MISSED == EXIT_MISSED
+    assert importlib.import_module("benchmarks._runner").EXIT_MISSED == EXIT_MISSED
     codes = dict.fromkeys(runner.BENCHMARKS, 0)
     monkeypatch.setattr(runner, "_load", lambda name: lambda argv: codes[name])
     options = ["--quick", "--out", str(tmp_path)]

@@ -1,4 +1,4 @@
-"""The modules of aiolock import one another without a circle (docs/internals.md, the floors).
+"""The modules of aiolock, and those of benchmarks/, import one another without a circle.
 
 The package is layered: a module imports only modules on lower floors, so
 that each can be read, and tested, knowing only what lies below it. A
@@ -12,6 +12,10 @@ server, and a circle is reported even when it would not fail at load time.
 ``aiolock/__init__.py`` takes part like any module: a module that imported
 a name from the package itself (``from aiolock import AsyncLock``) would be
 in a circle with it, since the package imports every public module.
+
+The benchmarks are layered the same way (docs/benchmarks.md, How the
+harness is laid out): the subjects and the runner at the bottom, the
+benchmarks above them, the runner of them all on top.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "aiolock"
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,27 @@ def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
         if module not in {"aiolock", "aiolock.__main__", "aiolock.testing"}
     }
     assert documented == expected
+
+
+# -- the benchmarks ------------------------------------------------------------------------------
+
+
+def test_the_modules_of_the_benchmarks_import_one_another_without_a_circle() -> None:
+    """No module of benchmarks/ imports, directly or not, a module that imports it."""
+    cycles = import_cycles(import_graph(BENCHMARKS))
+    assert not cycles, "import circles in benchmarks/:\n" + "\n\n".join(
+        _describe(cycle, ROOT) for cycle in cycles
+    )
+
+
+def test_the_graph_sees_the_benchmarks_imports() -> None:
+    """The graph has every benchmark and both forms of import they use, so the check bites."""
+    graph = import_graph(BENCHMARKS)
+    targets = {module: {edge.target for edge in edges} for module, edges in graph.items()}
+    names = ("contention", "family", "handoff", "redlock", "scale", "seckill", "soak", "waiting")
+    assert {f"benchmarks.{name}" for name in names} <= set(graph)
+    assert "benchmarks._subjects" in targets["benchmarks.family"]  # from ._subjects import
+    assert "benchmarks._seckill_app" in targets["benchmarks.seckill"]  # from benchmarks.… import
 
 
 # -- the check itself, on a package made for it ----------------------------------------------------
