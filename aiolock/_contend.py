@@ -37,7 +37,7 @@ queue (Redlock's) always do.
 
 The answer is true: ``None`` (not acquired) means the latest verdict was
 that someone held the lock. An attempt in flight at the deadline is awaited
-as long as the link needs (see :meth:`~aiolock._lease.ServerLease.attempt`);
+as long as the link needs (see :meth:`~aiolock._server_lease.ServerLease.attempt`);
 if it got no verdict, the call raises redis-py's ``TimeoutError`` ("the
 server did not answer within ...") instead. Whatever a call that gives up
 must clean up on the server (undo an attempt, leave the queue, pass on a

@@ -10,9 +10,9 @@ from redis.asyncio import Redis, RedisCluster
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
 from ._keys import DEFAULT_PREFIX
-from ._lease import server_lease
 from ._leaselock import LeaseLock, LockStatistics
 from ._options import Options
+from ._server_lease import server_lease
 from ._types import Client
 
 __all__ = ["AsyncLock", "LockStatistics"]

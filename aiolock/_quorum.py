@@ -15,7 +15,7 @@ with Redis*, with the node calls of a step sent to every node at once:
 
 Renewal, release and the queries talk to every node at once as well, each
 call bounded by ``node_timeout``. Each node is a
-:class:`~aiolock._lease.ServerLease` without notifications; this lease only
+:class:`~aiolock._server_lease.ServerLease` without notifications; this lease only
 counts their answers.
 """
 
@@ -34,8 +34,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _notify
 from ._checks import MAX_SECONDS, check_seconds, too_long, warn_long_ttl
-from ._lease import NOT_HELD, Call, Extension, Reply, ServerLease, Unanswered
+from ._lease import NOT_HELD, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, queue_for
+from ._server_lease import ServerLease
 from ._timers import Timer
 from ._types import Client
 

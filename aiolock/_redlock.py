@@ -15,10 +15,10 @@ from redis.asyncio import Redis, RedisCluster
 from . import backoff as _backoff
 from ._checks import check_seconds
 from ._keys import DEFAULT_PREFIX, Keys
-from ._lease import ServerLease
 from ._leaselock import LeaseLock
 from ._options import Options
 from ._quorum import QuorumLease, address, check_lease
+from ._server_lease import ServerLease
 
 __all__ = ["Redlock"]
 

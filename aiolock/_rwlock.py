@@ -24,7 +24,6 @@ from ._checks import UNSET, Unset, check_bool, check_client, check_refused, chec
 from ._exceptions import LockError
 from ._holding import current_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
-from ._lease import ServerLease
 from ._leaselock import LeaseLock
 from ._options import Options
 from ._scripts import (
@@ -36,6 +35,7 @@ from ._scripts import (
     RW_RELEASE,
     RW_STATE,
 )
+from ._server_lease import ServerLease
 from ._timers import Cutoff
 
 if TYPE_CHECKING:

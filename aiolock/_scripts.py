@@ -108,7 +108,7 @@ __all__ = [
 #: More than an entry's life: a waiter that watches the holder's lease acts well before.
 QUEUE_SLACK_MS: Final = 2500
 #: How long a keeper's mark lives unless its keeper sets it again (ms): as long as a
-#: waiter's own entry lives (``aiolock._lease.ENTRY_CAP``).
+#: waiter's own entry lives (``aiolock._server_state.ENTRY_CAP``).
 KEEPER_MARK_MS: Final = 2000
 #: A read-write lock's index of its holders' ends is its key followed by this.
 RW_INDEX_SUFFIX: Final = ":ends"

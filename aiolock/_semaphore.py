@@ -20,7 +20,6 @@ from redis.asyncio import Redis
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_refused, check_ttl
 from ._keys import DEFAULT_PREFIX, keys_for
-from ._lease import ServerLease
 from ._leaselock import LeaseLock
 from ._options import Options
 from ._scripts import (
@@ -32,6 +31,7 @@ from ._scripts import (
     SEMAPHORE_RELEASE,
     SEMAPHORE_STATE,
 )
+from ._server_lease import ServerLease
 from ._timers import Cutoff
 
 if TYPE_CHECKING:

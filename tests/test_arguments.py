@@ -33,7 +33,7 @@ from support import all_keys, connections_made, eventually, names, names_value, 
 from aiolock import AsyncLock, ReadWriteLock, Redlock, Semaphore, _checks, backoff
 from aiolock._checks import LONG_TTL, MAX_SECONDS
 from aiolock._keys import Keys
-from aiolock._lease import ENTRY_CAP
+from aiolock._server_state import ENTRY_CAP
 from aiolock.testing import RedisServer, free_port
 
 NAN = float("nan")

@@ -86,8 +86,9 @@ from aiolock import (
     backoff,
 )
 from aiolock._checks import MAX_MS, MAX_SECONDS
-from aiolock._lease import ENTRY_CAP, ServerLease
 from aiolock._rwlock import RWSide
+from aiolock._server_lease import ServerLease
+from aiolock._server_state import ENTRY_CAP
 from aiolock._wire import MIN_ALLOWANCE
 from aiolock.testing import RedisServer
 

@@ -31,8 +31,8 @@ from redis.backoff import NoBackoff
 from support import eventually, other_tasks
 
 from aiolock import LockEvent
-from aiolock._lease import ServerLease
 from aiolock._quorum import QuorumLease
+from aiolock._server_lease import ServerLease
 from aiolock.testing import RedisServer
 
 #: The lease of these tests: renewals every 0.1 s.

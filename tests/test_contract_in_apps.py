@@ -36,9 +36,9 @@ from redis.backoff import NoBackoff
 from support import eventually, kinds, other_tasks
 
 from aiolock import LockEvent
-from aiolock._lease import ServerLease
 from aiolock._quorum import QuorumLease
 from aiolock._scripts import HANDOVER, SEMAPHORE_HANDOVER, Script
+from aiolock._server_lease import ServerLease
 from aiolock.testing import RedisServer
 
 #: The lease of these tests, and how long the "work" of a holder lasts: three leases.

@@ -24,9 +24,9 @@ from faultproxy import FaultProxy
 from support import calls, connected, eventually, holds_on_server, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
-from aiolock._lease import ServerLease
 from aiolock._notify import LINGER, grant_tag, listeners_of
 from aiolock._queue import LOCAL_RUN
+from aiolock._server_lease import ServerLease
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

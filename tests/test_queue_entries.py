@@ -29,9 +29,9 @@ from support import all_keys, calls, eventually, keys_of
 
 from aiolock import AsyncLock, backoff
 from aiolock._keys import keys_for
-from aiolock._lease import ENTRY_CAP
 from aiolock._queue import LOCAL_RUN
 from aiolock._scripts import KEEP, KEEPER_MARK_MS, RELEASE
+from aiolock._server_state import ENTRY_CAP
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

@@ -30,7 +30,7 @@ from support import (
 )
 
 from aiolock import AsyncLock, _queue, backoff
-from aiolock._lease import ENTRY_CAP
+from aiolock._server_state import ENTRY_CAP
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

@@ -1,0 +1,199 @@
+"""A one-server lease as a holder: release, extend, renew in batches, and the raw operations.
+
+:class:`ServerHolding` is a part of :class:`~aiolock._server_lease.ServerLease`:
+what a holding asks of its lease once it holds (release, extend, the
+renewal of many holdings in one call, whether it still holds), and the raw
+operations a quorum of leases (:mod:`aiolock._quorum`) sends to each node.
+A release or a hand-over is never sent twice blindly: after a lost reply the
+same script is asked again, knowingly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._checks import to_ms
+from ._lease import GRACE, Extension
+from ._scripts import Script
+from ._server_state import ServerState
+from ._timers import Cutoff, Timer
+from ._wire import ReplyLost
+
+if TYPE_CHECKING:
+    from ._lease import Call
+
+__all__ = ["CONTENDED_HINT", "ServerHolding"]
+
+logger = logging.getLogger("aiolock")
+
+#: A release that handed the lock on makes the next attempt through the same lease
+#: skip the bare ``SET`` for this long (the lock is taken: go straight to the queue).
+CONTENDED_HINT: Final = 0.05
+
+
+def _extend_call(
+    script: Script, batch: Sequence[Extension], suffix: str
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The keys and arguments of one ``*_EXTEND_MANY`` call renewing ``batch``."""
+    locks: list[str] = []
+    holdings: list[Any] = []
+    for lease, token, ttl in batch:
+        locks.append(cast("ServerHolding", lease).key)
+        holdings += (token, to_ms(ttl))
+    return script.call(locks=locks, suffix=suffix, holdings=holdings)
+
+
+def _extended(reply: Any) -> bool | Exception:
+    """One holding's outcome in an ``*_EXTEND_MANY`` reply."""
+    if reply == -1:
+        return ResponseError("the server could not renew this holding now (its slot migrating?)")
+    return bool(reply)
+
+
+class ServerHolding(ServerState):
+    """The holding side of a one-server lease (a base of ``ServerLease``; see the module)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # (ServerQueueing's, through ServerLease)
+
+        async def undo(self, token: str, call: Call | None = None) -> None:
+            """Free the lock if it holds ``token`` and leave the queue: shielded, bounded."""
+
+    async def take(self, token: str) -> bool:
+        """One bare ``SET NX PX``: whether it took the lock (no undo, no cut-off).
+
+        A ``SET`` that found the key taken looks whose it is: ours (the same
+        ``SET`` ran before and its reply was lost) counts as taken, and
+        another kind of primitive's key raises :class:`~aiolock.LockError`.
+        """
+        if await self.wire.set_nx(self.key, token, self._ms):
+            return True
+        value = await self.wire.get(self.key)
+        return value is not None and value in (token, token.encode())
+
+    async def delete(self, token: str) -> bool:
+        """The release script: free the key if it holds ``token`` (by the grant rule).
+
+        Sent once; if its reply is lost, the key found no longer ours counts
+        as freed by it (see :meth:`_release_once`).
+        """
+        return bool(await self._release_once(token))
+
+    async def _release_once(self, token: str) -> Any:
+        """Run a release script for ``token`` once; after a lost reply, ask again.
+
+        The script is never sent twice blindly: run again after it freed (or
+        handed on) the lock, it would find the key no longer ours. So a lost
+        reply is followed by the same script, asked knowingly: if it frees
+        the lock now, the first one never ran; if it finds the key no longer
+        ours, the first one freed it (answered as a plain release, 1). (A
+        holder that had lost the key in that very moment is then told it
+        released; nothing else can tell the two apart.)
+        """
+        script = self._release.script
+        keys, args = self._release.call(token=token)
+        try:
+            return await self.wire.run(script, keys, args, once=True)
+        except ReplyLost as lost:
+            reply = await self.wire.run(script, keys, args)
+            if not reply:
+                logger.info(
+                    "the reply to the release of lock %r was lost (%s); the key was no "
+                    "longer ours when asked again, so the release had run",
+                    self.name,
+                    lost.__cause__ or lost,
+                )
+                return 1
+            return reply
+
+    async def value(self) -> Any:
+        """The token that holds the lock now (``GET``), or None."""
+        return await self.wire.get(self.key)
+
+    async def release(
+        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
+    ) -> bool:
+        """Delete the key if it holds ``token`` and announce it; cut off at ``until`` + GRACE.
+
+        Raises:
+            redis.exceptions.TimeoutError: no answer before ``until`` (the
+                lease end): the server expires the key by itself.
+        """
+        try:
+            with Cutoff(until + GRACE, task, spare) as cutoff:
+                reply = await self._release_once(token)
+        except asyncio.CancelledError:
+            await self.undo(token)
+            raise
+        if cutoff.expired:
+            raise RedisTimeoutError(
+                f"releasing lock {self.name!r}: no answer before its lease ended; "
+                "the server expires the key by itself"
+            )
+        if reply == 2:  # handed on: the lock is taken, our next attempt goes to the queue
+            self._contended_until = time.monotonic() + CONTENDED_HINT
+        return bool(reply)
+
+    async def extend(self, token: str, ttl: float) -> bool:
+        """Reset the lease of ``token``'s key to ``ttl``; False if it is not ours."""
+        sent = time.monotonic()
+        keys, args = self._EXTEND.call(
+            lock=self.key, token=token, ms=to_ms(ttl), queue=self.keys.queue
+        )
+        extended = bool(await self.wire.run(self._EXTEND, keys, args, urgent=True))
+        self.wire.observe(time.monotonic() - sent)
+        return extended
+
+    def batch_key(self) -> Hashable:
+        """The client and the kind's extend script."""
+        return (self._site, self._EXTEND_MANY)
+
+    async def extend_many(self, batch: Sequence[Extension]) -> list[bool | Exception]:
+        """Extend every item of ``batch`` (see :meth:`Lease.extend_many`).
+
+        ``batch`` holds at most :data:`BATCH_MOST` items; one item is one
+        :meth:`extend`. One script call renews them all; on a cluster, one
+        call per hash slot, sent in one pipeline (each master its share).
+        """
+        if len(batch) == 1:
+            lease, token, ttl = batch[0]
+            return [await lease.extend(token, ttl)]
+        suffix = self.keys.queue[len(self.key) :]  # the kind's queue suffix
+        if not self.wire.cluster:
+            sent = time.monotonic()
+            keys, args = _extend_call(self._EXTEND_MANY, batch, suffix)
+            replies = await self.wire.run(self._EXTEND_MANY, keys, args, urgent=True)
+            self.wire.observe(time.monotonic() - sent)
+            return [_extended(reply) for reply in replies]
+        slots: dict[int | None, list[int]] = {}
+        for i, (lease, _, _) in enumerate(batch):
+            slots.setdefault(cast(ServerHolding, lease)._slot, []).append(i)
+        groups = list(slots.values())
+        calls = [
+            _extend_call(self._EXTEND_MANY, [batch[i] for i in group], suffix) for group in groups
+        ]
+        sent = time.monotonic()
+        answers = await self.wire.run_each(self._EXTEND_MANY, calls, urgent=True)
+        self.wire.observe(time.monotonic() - sent)
+        outcomes: list[bool | Exception] = [False] * len(batch)
+        for group, answer in zip(groups, answers, strict=True):
+            for j, i in enumerate(group):
+                outcomes[i] = answer if isinstance(answer, Exception) else _extended(answer[j])
+        return outcomes
+
+    async def held(self) -> bool:
+        """Whether the key exists (asks the server)."""
+        return await self.wire.exists(self.key)
+
+    async def holds(self, token: str) -> bool:
+        """Whether the key holds ``token`` (asks the server)."""
+        value = await self.wire.get(self.key)
+        return value is not None and value in (token, token.encode())
