@@ -183,6 +183,15 @@ def test_the_graph_sees_the_package_imports() -> None:
     assert "aiolock.backoff" in targets["aiolock"]  # from . import backoff
     assert "aiolock" not in targets["aiolock._contend"]  # from . import backoff as _backoff
     assert "aiolock.testing" in targets["aiolock._cli"]  # inside a function
+    # The aiolock.testing package: its modules, imported relatively, are in the graph too.
+    assert {
+        "aiolock.testing._base",
+        "aiolock.testing._server",
+        "aiolock.testing._cluster",
+    } <= set(graph)
+    assert "aiolock.testing._server" in targets["aiolock.testing"]  # from ._server import ...
+    assert "aiolock.testing._resp" in targets["aiolock.testing._server"]  # from . import _resp
+    assert "aiolock.testing._replicated" in targets["aiolock.testing._sentinel"]
 
 
 # -- the check itself, on a package made for it ----------------------------------------------------
