@@ -22,13 +22,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from redis.utils import HIREDIS_AVAILABLE
 from support import LOOPS, Own, all_keys, connected, in_use_connections, listeners_gone, other_tasks
 
 import aiolock
 from aiolock import LockEvent
-from aiolock.testing import RedisServer, find_server_binary, server_version
+from aiolock.testing import FaultProxy, RedisServer, find_server_binary, server_version
 
 #: The contract suite's fixtures (``subject``, ``contract_servers``), for every module.
 pytest_plugins = ["contract"]

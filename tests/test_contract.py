@@ -56,7 +56,6 @@ from contract import (
     Subject,
     is_lost,
 )
-from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
@@ -89,7 +88,7 @@ from aiolock._checks import MAX_MS, MAX_SECONDS
 from aiolock._lease import ENTRY_CAP, ServerLease
 from aiolock._rwlock import RWSide
 from aiolock._wire import MIN_ALLOWANCE
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Real Redis/Valkey server processes for tests, demos and benchmarks.
+"""Real Redis/Valkey servers and network faults for tests, demos and benchmarks.
 
 aiolock is tested against real servers, never mocks, and so can the code
 that uses it. This package starts ``redis-server`` / ``valkey-server``
@@ -15,6 +15,11 @@ It also builds the topologies beyond one server, each made of
 Every builder waits until its topology is ready, raises ``RuntimeError`` with
 the servers' last log lines when it is not in time, and stops whatever it
 started when it fails or is stopped.
+
+:class:`FaultProxy` sits between a client and a server and loses replies on
+demand: it holds them, drops one, or forwards nothing at all, so a test can
+drive a lock into ``LockLostError``, ``on_lost`` or a cancellation with the
+server's state known.
 
 The server binary is found in this order (see :func:`find_server_binary`):
 
@@ -44,11 +49,13 @@ from ._binary import ENV_VAR as ENV_VAR  # the variable's name, importable but n
 from ._binary import ServerNotFoundError, find_server_binary, server_version
 from ._cluster import LocalCluster
 from ._ports import free_port
+from ._proxy import FaultProxy
 from ._replicated import ReplicatedServer
 from ._sentinel import SentinelGroup
 from ._server import RedisServer
 
 __all__ = [
+    "FaultProxy",
     "LocalCluster",
     "RedisServer",
     "ReplicatedServer",
