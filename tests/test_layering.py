@@ -188,10 +188,12 @@ def test_the_graph_sees_the_package_imports() -> None:
         "aiolock.testing._base",
         "aiolock.testing._server",
         "aiolock.testing._cluster",
+        "aiolock.testing.pytest_plugin",
     } <= set(graph)
     assert "aiolock.testing._server" in targets["aiolock.testing"]  # from ._server import ...
     assert "aiolock.testing._resp" in targets["aiolock.testing._server"]  # from . import _resp
     assert "aiolock.testing._replicated" in targets["aiolock.testing._sentinel"]
+    assert "aiolock.testing._proxy" in targets["aiolock.testing.pytest_plugin"]
 
 
 # -- the check itself, on a package made for it ----------------------------------------------------

