@@ -7,7 +7,7 @@ and 14 s of load). Two private
 embedded Valkey servers run on loopback:
 
 * the **lock server**, which the workers reach only through a fault proxy
-  (``tests/faultproxy.py``'s ``FaultProxy``, run in this process on a
+  (``aiolock.testing.FaultProxy``, run in this process on a
   loopback port);
 * the **resource server**, reached directly and never faulted, which holds
   each name's set of holders inside (the mutual-exclusion check), an
@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -79,15 +78,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 from ._runner import Benchmark, print_table
 from ._soak_worker import WorkerConfig, resource_keys, worker_main
@@ -123,53 +121,10 @@ FAULT_HELP: Final = {
 }
 
 
-# -- the fault proxy (tests/faultproxy.py, loaded by path) -----------------------------
+# -- the fault proxy (aiolock.testing.FaultProxy) -------------------------------------
 
-
-class Proxy(Protocol):
-    """What the soak uses of ``tests/faultproxy.py``'s ``FaultProxy``."""
-
-    port: int
-
-    async def start(self) -> Any:
-        """Listen on a free loopback port."""
-
-    async def aclose(self) -> None:
-        """Stop listening and close every connection."""
-
-    def pass_through(self) -> None:
-        """Forward normally again."""
-
-    def set_latency(self, seconds: float) -> None:
-        """Delay every chunk by ``seconds``."""
-
-    def black_hole(self) -> None:
-        """Forward nothing."""
-
-    async def reset_all(self) -> None:
-        """Abort every connection."""
-
-    def hold_replies(self, *, new_connections: bool = False) -> None:
-        """Hold server-to-client bytes."""
-
-    def release_replies(self) -> None:
-        """Deliver held replies."""
-
-    @property
-    def connections(self) -> int:
-        """Client connections open now."""
-
-
-def _load_proxy_module() -> ModuleType:
-    """Import ``tests/faultproxy.py`` by path (``tests`` is not a package)."""
-    path = ROOT / "tests" / "faultproxy.py"
-    spec = importlib.util.spec_from_file_location("_aiolock_soak_faultproxy", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load the fault proxy from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+#: The fault proxy in front of the lock server.
+Proxy = FaultProxy
 
 
 def make_proxy(host: str, port: int) -> Proxy:
@@ -180,11 +135,9 @@ def make_proxy(host: str, port: int) -> Proxy:
         port: its port.
 
     Returns:
-        A ``FaultProxy`` from ``tests/faultproxy.py``.
+        An ``aiolock.testing.FaultProxy``.
     """
-    module = sys.modules.get("_aiolock_soak_faultproxy") or _load_proxy_module()
-    proxy: Proxy = module.FaultProxy(host, port)
-    return proxy
+    return FaultProxy(host, port)
 
 
 # -- configuration ---------------------------------------------------------------------

@@ -22,16 +22,18 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from redis.utils import HIREDIS_AVAILABLE
 from support import LOOPS, Own, all_keys, connected, in_use_connections, listeners_gone, other_tasks
 
 import aiolock
 from aiolock import LockEvent
-from aiolock.testing import RedisServer, find_server_binary, server_version
+from aiolock.testing import FaultProxy, RedisServer, find_server_binary, server_version
 
-#: The contract suite's fixtures (``subject``, ``contract_servers``), for every module.
-pytest_plugins = ["contract"]
+#: The contract suite's fixtures (``subject``, ``contract_servers``), for every module, and
+#: aiolock's own pytest plugin (``aiolock_server``, ``aiolock_proxy``, ...), which the fixtures
+#: below build on. An installed aiolock registers the plugin by its entry point, named after
+#: the module, so listing it here never registers it twice.
+pytest_plugins = ["contract", "aiolock.testing.pytest_plugin"]
 
 
 def pytest_asyncio_loop_factories(
@@ -56,26 +58,17 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[RedisServer]:
-    """One real server shared by the session; tests use their own key names."""
-    with RedisServer() as srv:
-        yield srv
+def server(aiolock_server: RedisServer) -> RedisServer:
+    """One real server shared by the session (the plugin's); tests use their own key names."""
+    return aiolock_server
 
 
 @pytest.fixture
-def private_server() -> Iterator[Callable[..., RedisServer]]:
+def private_server(
+    aiolock_server_factory: Callable[..., RedisServer],
+) -> Callable[..., RedisServer]:
     """Start servers of the test's own (to kill, pause or restart); all stopped after."""
-    started: list[RedisServer] = []
-
-    def start(*args: str) -> RedisServer:
-        srv = RedisServer(args=args)
-        srv.start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
+    return aiolock_server_factory
 
 
 def _session_client(name: str, doc: str, **options: Any) -> Any:
@@ -126,26 +119,17 @@ async def no_leaks(client: redis.Redis, admin: redis.Redis, name: str) -> AsyncI
 
 
 @pytest.fixture
-async def start_proxy() -> AsyncIterator[Callable[[RedisServer], Awaitable[FaultProxy]]]:
+def start_proxy(
+    aiolock_proxy_factory: Callable[[RedisServer], Awaitable[FaultProxy]],
+) -> Callable[[RedisServer], Awaitable[FaultProxy]]:
     """Start fault-injecting TCP proxies in front of servers; all closed after the test."""
-    started: list[FaultProxy] = []
-
-    async def start(srv: RedisServer) -> FaultProxy:
-        p = await FaultProxy(srv.host, srv.port).start()
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        await p.aclose()
+    return aiolock_proxy_factory
 
 
 @pytest.fixture
-async def proxy(
-    server: RedisServer, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]]
-) -> FaultProxy:
+def proxy(aiolock_proxy: FaultProxy) -> FaultProxy:
     """A fault-injecting TCP proxy in front of the session server."""
-    return await start_proxy(server)
+    return aiolock_proxy
 
 
 @pytest.fixture

@@ -26,11 +26,10 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 import uvicorn
-from faultproxy import FaultProxy
 
 from aiolock import LockEvent
 from aiolock._keys import DEFAULT_PREFIX, Keys
-from aiolock.testing import RedisServer, server_version
+from aiolock.testing import FaultProxy, RedisServer, server_version
 
 __all__ = [
     "CALLBACK_KINDS",

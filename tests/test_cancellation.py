@@ -24,7 +24,6 @@ import anyio
 import pytest
 import redis.asyncio as redis
 import support
-from faultproxy import FaultProxy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio.lock import Lock as RedisPyLock
@@ -44,7 +43,7 @@ from support import (
 
 from aiolock import AsyncLock
 from aiolock._keys import Keys
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 # --- helpers -------------------------------------------------------------------------------------
 

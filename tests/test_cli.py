@@ -33,12 +33,11 @@ from signal import Signals
 import pytest
 import redis
 import redis.asyncio
-from faultproxy import FaultProxy
 
 from aiolock import AsyncLock
 from aiolock._keys import Keys
 from aiolock._run import redact_url, unavailable_message
-from aiolock.testing import LocalCluster, RedisServer, free_port
+from aiolock.testing import FaultProxy, LocalCluster, RedisServer, free_port
 
 #: The longest any single ``aiolock`` process of this module may run.
 PROCESS_BOUND = 20.0

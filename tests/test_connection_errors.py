@@ -20,12 +20,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import AsyncLock
 from aiolock._keys import Keys
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import FaultProxy, RedisServer, free_port
 
 
 async def _after_reset(

@@ -56,7 +56,6 @@ from contract import (
     Subject,
     is_lost,
 )
-from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
@@ -90,7 +89,7 @@ from aiolock._rwlock import RWSide
 from aiolock._server_lease import ServerLease
 from aiolock._server_state import ENTRY_CAP
 from aiolock._wire import MIN_ALLOWANCE
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 T = TypeVar("T")
 

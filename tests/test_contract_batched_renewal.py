@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 from contract import SLACK, Lock, Subject, is_lost
-from faultproxy import FaultProxy
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from support import eventually, other_tasks
@@ -33,7 +32,7 @@ from support import eventually, other_tasks
 from aiolock import LockEvent
 from aiolock._quorum import QuorumLease
 from aiolock._server_lease import ServerLease
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 #: The lease of these tests: renewals every 0.1 s.
 TTL = 0.3

@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 from contract import SLACK, Lock, Subject, is_lost
-from faultproxy import FaultProxy
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from support import eventually, kinds, other_tasks
@@ -39,7 +38,7 @@ from aiolock import LockEvent
 from aiolock._quorum import QuorumLease
 from aiolock._scripts import HANDOVER, SEMAPHORE_HANDOVER, Script
 from aiolock._server_lease import ServerLease
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 #: The lease of these tests, and how long the "work" of a holder lasts: three leases.
 TTL = 0.3

@@ -40,7 +40,6 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as redis
 import support
-from faultproxy import FaultProxy
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -57,7 +56,7 @@ from support import (
 from aiolock import AsyncLock, LockError, LockLostError, backoff
 from aiolock._keys import Keys
 from aiolock._scripts import ACQUIRE, HANDOVER, RELEASE
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 T = TypeVar("T")
 

@@ -189,6 +189,17 @@ def test_the_graph_sees_the_package_imports() -> None:
     assert "aiolock.backoff" in targets["aiolock"]  # from . import backoff
     assert "aiolock" not in targets["aiolock._contend"]  # from . import backoff as _backoff
     assert "aiolock.testing" in targets["aiolock._cli"]  # inside a function
+    # The aiolock.testing package: its modules, imported relatively, are in the graph too.
+    assert {
+        "aiolock.testing._base",
+        "aiolock.testing._server",
+        "aiolock.testing._cluster",
+        "aiolock.testing.pytest_plugin",
+    } <= set(graph)
+    assert "aiolock.testing._server" in targets["aiolock.testing"]  # from ._server import ...
+    assert "aiolock.testing._resp" in targets["aiolock.testing._server"]  # from . import _resp
+    assert "aiolock.testing._replicated" in targets["aiolock.testing._sentinel"]
+    assert "aiolock.testing._proxy" in targets["aiolock.testing.pytest_plugin"]
 
 
 def floors(graph: dict[str, list[Import]]) -> dict[str, int]:
@@ -208,8 +219,9 @@ def floors(graph: dict[str, list[Import]]) -> dict[str, int]:
 def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
     """docs/internals.md gives every module of the package its floor, as the imports make it.
 
-    The package itself, ``__main__`` and ``testing`` (which stands apart) are
-    not in the table; every other module is, once, on the floor it is on.
+    The package itself, ``__main__`` and the ``testing`` package (which stands
+    apart, in a table of its own) are not in the table; every other module
+    is, once, on the floor it is on.
     """
     graph = import_graph(PACKAGE)
     assert not import_cycles(graph)
@@ -225,7 +237,9 @@ def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
     expected = {
         module: floor
         for module, floor in computed.items()
-        if module not in {"aiolock", "aiolock.__main__", "aiolock.testing"}
+        if module not in {"aiolock", "aiolock.__main__"}
+        and module != "aiolock.testing"
+        and not module.startswith("aiolock.testing.")
     }
     assert documented == expected
 

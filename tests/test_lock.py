@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from redis.crc import key_slot
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
@@ -42,7 +41,7 @@ import aiolock
 from aiolock import AsyncLock, LockError, LockNotOwnedError, backoff
 from aiolock._keys import Keys
 from aiolock._scripts import ACQUIRE, EXTEND
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as RedisConnection
@@ -31,7 +30,7 @@ from support import all_keys, calls, connected, connections_made, eventually, ke
 from aiolock import AsyncLock, ReadWriteLock, Semaphore, _wire
 from aiolock._scripts import KEEP
 from aiolock._wire import _Gate, _packed
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.lock import Lock as RedisPyLock
 from redis.exceptions import LockError as RedisPyLockError
@@ -52,7 +51,7 @@ from support import (
 
 import aiolock
 from aiolock import AcquireTimeout, AsyncLock, LockError, LockLostError, LockNotOwnedError, backoff
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 #: The servers' behaviour, not the loop's: on asyncio's loop only (see conftest.py).
 pytestmark = pytest.mark.one_loop

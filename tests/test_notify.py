@@ -20,14 +20,13 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from support import calls, connected, eventually, holds_on_server, keys_of, listeners_gone
 
 from aiolock import AsyncLock, LockNotOwnedError, LockStatistics, backoff
 from aiolock._notify import LINGER, grant_tag, listeners_of
 from aiolock._queue import LOCAL_RUN
 from aiolock._server_lease import ServerLease
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

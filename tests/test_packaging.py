@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import os
 import re
 import subprocess
 import sys
@@ -23,8 +24,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from test_docs import _anchors
+from test_pytest_plugin import docs_example
 
 import aiolock
+from aiolock.testing import find_server_binary
 
 pytestmark = pytest.mark.heavy  # builds, and installs into a venv: after the rest
 
@@ -148,11 +151,7 @@ def test_the_wheel_carries_every_lua_script(dist: Path) -> None:
         assert files <= set(wheel.namelist()), files - set(wheel.namelist())
 
 
-def test_the_wheel_installs_into_a_fresh_venv_and_imports(dist: Path, tmp_path: Path) -> None:
-    """A fresh venv, ``pip install`` of the wheel (dependencies from the index), then import."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
+def _pip_install(python: Path, *requirements: str) -> None:
     subprocess.run(
         [
             str(python),
@@ -161,12 +160,26 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports(dist: Path, tmp_path: 
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            str(_wheel(dist)),
+            *requirements,
         ],
         check=True,
         capture_output=True,
         timeout=300,
     )
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed (its dependencies from the package index)."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    _pip_install(venv / "bin" / "python", str(_wheel(dist)))
+    return venv
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_imports(venv: Path) -> None:
+    """A fresh venv, ``pip install`` of the wheel (dependencies from the index), then import."""
+    python = venv / "bin" / "python"
     shown = subprocess.run(
         [
             str(python),
@@ -188,3 +201,39 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports(dist: Path, tmp_path: 
     )
     assert cli.returncode == 0, cli.stderr
     assert "usage" in cli.stdout.lower()
+
+
+def test_the_installed_wheel_gives_pytest_its_fixtures(venv: Path, tmp_path: Path) -> None:
+    """The wheel's ``pytest11`` entry point gives a user's tests the fixtures, with no set-up.
+
+    pytest and pytest-asyncio are installed beside the wheel, and the test
+    file of docs/testing.md runs in a directory with no conftest: it passes.
+    With the plugin turned off by its entry point's name, the fixtures are
+    gone, so it was the entry point that gave them.
+    """
+    python = venv / "bin" / "python"
+    _pip_install(python, "pytest", "pytest-asyncio")
+    (tmp_path / "test_locks.py").write_text(docs_example(), encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n", encoding="utf-8"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON"))}
+    env["AIOLOCK_SERVER_BIN"] = find_server_binary()  # the venv has no server of its own
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-W", "error", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\b2 passed\b", done.stdout), done.stdout
+    off = run("-p", "no:aiolock.testing.pytest_plugin")
+    assert off.returncode == 1, off.stdout + off.stderr
+    assert "fixture 'aiolock_proxy' not found" in off.stdout

@@ -24,12 +24,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis
-from faultproxy import FaultProxy
 from support import CALLBACK_KINDS, LossRecorder, Own, in_use_connections, other_tasks
 
 from aiolock import AsyncLock, LockError, LockLostError, LockNotOwnedError
 from aiolock._scripts import RELEASE
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Tests for the test helpers: aiolock.testing (real servers) and tests/faultproxy.py."""
+"""Tests for the test helpers of aiolock.testing: real servers and the fault proxy."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ import redis
 import redis.asyncio
 import redis.asyncio.retry
 import redis.retry
-from faultproxy import FaultProxy
 from redis.backoff import NoBackoff
 from support import pid_gone
 
 from aiolock import testing
 from aiolock.testing import (
+    FaultProxy,
     RedisServer,
     ServerNotFoundError,
     find_server_binary,

@@ -1,12 +1,9 @@
-"""An asyncio TCP proxy that injects network faults between a client and a real server.
+"""A TCP proxy that puts network faults between a client and a real server: :class:`FaultProxy`.
 
-The proxy runs in the test's own event loop (asyncio or uvloop) and is built on
-protocols and transports, so it needs no task per connection: the only tasks are
-the short-lived upstream connects, which are tracked and cancelled on close.
-
-Fault modes apply to the connections that exist when they are set *and* to new
-ones, except :meth:`FaultProxy.hold_replies`, which by default affects only the
-connections that exist at the time of the call.
+The proxy runs in the event loop of the code under test (asyncio or uvloop)
+and is built on protocols and transports, so it needs no task per
+connection: the only tasks are the short-lived upstream connects, which are
+tracked and cancelled on close.
 """
 
 from __future__ import annotations
@@ -17,9 +14,10 @@ import contextlib
 import socket
 import struct
 from types import TracebackType
-from typing import cast
+from typing import Final, cast, final
 
-__all__ = ["FaultProxy"]
+#: Seconds :meth:`FaultProxy.aclose` and :meth:`FaultProxy.reset_all` wait for each connection.
+_CLOSE_TIMEOUT: Final = 5.0
 
 
 class _Pipe:
@@ -198,14 +196,15 @@ class _Conn:
                 _set_linger_zero(transport)
                 transport.abort()
 
-    async def wait_closed(self, timeout: float = 5.0) -> None:
+    async def wait_closed(self) -> None:
+        """Wait (up to ``_CLOSE_TIMEOUT`` seconds) until both sides and the connect are done."""
         waits: list[asyncio.Future[None]] = [self.client_closed]
         if self.upstream is not None:
             waits.append(self.upstream_closed)
         if self.connect_task is not None:
             waits.append(self.connect_task)
         # asyncio.wait() neither raises the futures' exceptions nor cancels them on timeout.
-        await asyncio.wait(waits, timeout=timeout)
+        await asyncio.wait(waits, timeout=_CLOSE_TIMEOUT)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -294,10 +293,45 @@ def _resume(transport: asyncio.Transport) -> None:
             transport.resume_reading()
 
 
+@final
 class FaultProxy:
-    """A TCP proxy to ``upstream_host:upstream_port`` with switchable faults.
+    """A TCP proxy in front of a Redis/Valkey server, with faults to switch on and off.
 
-    Use it as an async context manager, or call :meth:`start` and :meth:`aclose`.
+    Point the client under test at :attr:`url` and keep a second client on
+    the server itself for assertions. Each fault is one of the network's
+    ways of losing an answer, for testing what code does on
+    ``LockLostError``, in ``on_lost`` or when a call is cancelled:
+
+    - :meth:`hold_replies` / :meth:`release_replies`: the server runs the
+      commands, their replies wait (a slow or stalled network; the window
+      between "the server ran it" and "the client heard it");
+    - :meth:`drop_reply`: the server runs a command, its reply is lost and
+      the connection reset (a load balancer restarting);
+    - :meth:`black_hole`: nothing is forwarded either way (a partition);
+    - :meth:`set_latency`, :meth:`delay_pubsub_replies`: everything, or the
+      subscribed connections only, comes late;
+    - :meth:`reset_all`: every connection is cut at once;
+    - :meth:`pass_through`: back to forwarding as is.
+
+    A fault applies to the connections that exist when it is set *and* to
+    new ones, except :meth:`hold_replies`, which by default holds only the
+    connections open at the time of the call.
+
+    The proxy is asynchronous: start it (``async with``, or :meth:`start`
+    and :meth:`aclose`) in the event loop that the client under test uses.
+    The pytest plugin's ``aiolock_proxy`` fixture gives one, started, in
+    front of the ``aiolock_server`` fixture's server.
+
+    Example:
+        .. code-block:: python
+
+            from aiolock.testing import FaultProxy
+
+            async with FaultProxy(server.host, server.port) as proxy:
+                client = redis.asyncio.Redis.from_url(proxy.url)
+                proxy.hold_replies()  # commands run, replies wait
+                ...
+                proxy.release_replies()
 
     Args:
         upstream_host: The server's address.
@@ -305,7 +339,11 @@ class FaultProxy:
         host: The address to listen on.
 
     Attributes:
+        upstream_host: The server's address.
+        upstream_port: The server's port.
+        host: The address the proxy listens on.
         port: The port the proxy listens on (0 until started).
+        replies_dropped: How many replies :meth:`drop_reply` dropped.
     """
 
     def __init__(self, upstream_host: str, upstream_port: int, *, host: str = "127.0.0.1") -> None:
@@ -323,7 +361,6 @@ class FaultProxy:
         self._replies_forwarded = 0
         self._drops: dict[bytes, int] = {}
         self._pubsub_delay = 0.0
-        #: How many replies :meth:`drop_reply` dropped.
         self.replies_dropped = 0
 
     @property
@@ -332,14 +369,18 @@ class FaultProxy:
         return f"redis://{self.host}:{self.port}"
 
     async def start(self) -> FaultProxy:
-        """Listen on a free port (sets :attr:`port`)."""
+        """Listen on a free port of :attr:`host` (sets :attr:`port`).
+
+        Returns:
+            The proxy itself, for chaining.
+        """
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _ClientProtocol(self), self.host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def aclose(self) -> None:
-        """Stop listening and close every connection (both sides)."""
+        """Stop listening and close every connection, both sides; nothing is left running."""
         self._closing = True
         if self._server is not None:
             self._server.close()
@@ -370,7 +411,7 @@ class FaultProxy:
     # --- modes ---------------------------------------------------------------------------------
 
     def pass_through(self) -> None:
-        """Forward normally: no latency, no black hole, held replies released."""
+        """Forward as is again: no latency, no drops, no black hole, held replies delivered."""
         self._latency = 0.0
         self._pubsub_delay = 0.0
         self._drops.clear()
@@ -384,6 +425,11 @@ class FaultProxy:
         dropped and the connection reset (an RST both ways), as when a load
         balancer restarts between the command and its reply. A client that
         retries sends the command again on a new connection.
+        :attr:`replies_dropped` counts the replies lost so.
+
+        Args:
+            pattern: Bytes of the command as sent, e.g. ``b"EVALSHA"`` or a key.
+            count: How many such commands lose their reply.
         """
         self._drops[pattern] = self._drops.get(pattern, 0) + count
 
@@ -393,13 +439,26 @@ class FaultProxy:
         A connection counts as subscribed once its client sent ``SUBSCRIBE``
         (or ``SSUBSCRIBE``); replies to (un)subscriptions and messages alike
         come late, while other connections answer at once.
+
+        Args:
+            seconds: The extra delay.
+
+        Raises:
+            ValueError: ``seconds`` is negative.
         """
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
         self._pubsub_delay = seconds
 
     def set_latency(self, seconds: float) -> None:
-        """Delay every chunk forwarded in either direction by ``seconds`` (order is kept)."""
+        """Delay every chunk forwarded in either direction by ``seconds`` (order is kept).
+
+        Args:
+            seconds: The delay each way.
+
+        Raises:
+            ValueError: ``seconds`` is negative.
+        """
         if seconds < 0:
             raise ValueError("latency must be >= 0")
         self._latency = seconds
@@ -412,7 +471,10 @@ class FaultProxy:
         self._black_hole = True
 
     async def reset_all(self) -> None:
-        """Abort every current connection (RST if possible) and wait until they are closed."""
+        """Abort every open connection, both sides (an RST where it can), and wait until closed.
+
+        New connections are forwarded as before.
+        """
         conns = list(self._all)
         for conn in conns:
             conn.abort()
@@ -420,10 +482,11 @@ class FaultProxy:
             await conn.wait_closed()
 
     def hold_replies(self, *, new_connections: bool = False) -> None:
-        """Buffer server-to-client bytes of the current connections instead of delivering them.
+        """Hold back what the server sends on the open connections, instead of delivering it.
 
-        Client-to-server bytes are still forwarded, so the server executes the
-        commands but the client gets no reply until :meth:`release_replies`.
+        Client-to-server bytes are still forwarded, so the server runs the
+        commands but the client gets no reply until :meth:`release_replies`
+        (or :meth:`pass_through`). :attr:`bytes_held` says how much waits.
 
         Args:
             new_connections: Also hold replies on connections made later.
