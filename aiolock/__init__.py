@@ -11,18 +11,29 @@ Quick start::
 
 See :class:`AsyncLock` for the semantics (ownership, fairness, cancellation,
 expiry) and :mod:`aiolock.backoff` for the waiting policies.
+
+The public names are imported when first used: ``import aiolock.testing``
+(and the pytest plugin every install registers) loads neither redis-py nor
+the locks.
 """
 
-from . import backoff
-from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
-from ._guard import guard
-from ._leaselock import LockStatistics
-from ._lock import AsyncLock
-from ._observe import LockEvent, add_observer, remove_observer
-from ._redlock import Redlock
-from ._rwlock import ReadWriteLock
-from ._semaphore import Semaphore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from . import backoff
+    from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
+    from ._guard import guard
+    from ._leaselock import LockStatistics
+    from ._lock import AsyncLock
+    from ._observe import LockEvent, add_observer, remove_observer
+    from ._redlock import Redlock
+    from ._rwlock import ReadWriteLock
+    from ._semaphore import Semaphore
 
 __all__ = [
     "AcquireTimeout",
@@ -41,3 +52,36 @@ __all__ = [
     "guard",
     "remove_observer",
 ]
+
+#: Where each public name lives (``backoff`` is a module of its own).
+_HOMES = {
+    "AcquireTimeout": "._exceptions",
+    "AsyncLock": "._lock",
+    "LockError": "._exceptions",
+    "LockEvent": "._observe",
+    "LockLostError": "._exceptions",
+    "LockNotOwnedError": "._exceptions",
+    "LockStatistics": "._leaselock",
+    "ReadWriteLock": "._rwlock",
+    "Redlock": "._redlock",
+    "Semaphore": "._semaphore",
+    "add_observer": "._observe",
+    "backoff": ".backoff",
+    "guard": "._guard",
+    "remove_observer": "._observe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name at its first use, and keep it here."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(home, __name__)
+    value = module if name == "backoff" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -49,18 +49,14 @@ redis-py's ``ClusterError``. Other errors pass unchanged.
 from __future__ import annotations
 
 import asyncio
-import codecs
-import contextlib
-import contextvars
 import functools
 import inspect
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from types import TracebackType
 from typing import Any, Final, Protocol, cast, final
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
@@ -72,14 +68,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._exceptions import LockError
+from ._gate import AHEAD, Ahead, Gate, slots_of
+from ._packing import REDIS_PACK, packed
 from ._scripts import Script
 from ._types import Client
 
 __all__ = [
     "KINDS",
-    "MAX_SLOTS",
     "MIN_ALLOWANCE",
-    "POOL_SHARE",
     "ReplyLost",
     "Trace",
     "Wire",
@@ -89,10 +85,6 @@ __all__ = [
 
 #: The least time an answer is given past a deadline, however fast the link has been.
 MIN_ALLOWANCE: Final = 0.1
-#: The most of a client's pool that aiolock's commands use at once: a share of its
-#: ``max_connections``, and never more than this many connections.
-POOL_SHARE: Final = 0.5
-MAX_SLOTS: Final = 50
 #: A pool with no connection free: the first pause before asking again, and the longest.
 EXHAUSTED_FIRST = 0.001
 EXHAUSTED_CAP = 0.05
@@ -146,6 +138,36 @@ def translated(exc: BaseException, cluster: bool = False) -> BaseException:
     return error
 
 
+@final
+class Translating:
+    """``with``: what escapes redis-py untranslated leaves as redis-py's own error.
+
+    The one boundary where :func:`translated` is applied: uvloop's
+    closed-transport ``RuntimeError`` and CPython 3.13's ``AttributeError``
+    become a ``ConnectionError``, a cluster client's inner ``AttributeError``
+    or ``KeyError`` a ``ClusterError``; anything else passes unchanged.
+    """
+
+    __slots__ = ("cluster",)
+
+    def __init__(self, cluster: bool) -> None:
+        self.cluster = cluster
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, RuntimeError | AttributeError | KeyError):
+            error = translated(exc, self.cluster)
+            if error is not exc:
+                raise error from None
+
+
 def _raised_in(exc: BaseException, package: str) -> bool:
     """Whether ``exc`` was raised inside ``package`` (``"/redis/"``): its innermost frame's file."""
     tb = exc.__traceback__
@@ -184,194 +206,9 @@ def _closed_by_peer(conn: Any) -> bool:
         return False
 
 
-try:  # hiredis packs in C (redis-py's asyncio connections do not use it)
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - redis-py without hiredis
-    _HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None = None
-else:
-    _HIREDIS_PACK = _hiredis_pack
-#: What hiredis packs as redis-py would (not float: the two write some differently).
-_HIREDIS_KINDS: Final = frozenset((str, bytes, int))
-#: The encoding names hiredis writes str in.
-_UTF8: Final = frozenset(("utf-8", "utf8", "UTF-8", "UTF8"))
-
-#: redis-py's own packing: a connection class that overrides it (to record, say) keeps it.
-_REDIS_PACK: Final = RedisConnection.pack_command
-
-
-def _packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | None:
-    """``args`` in the RESP protocol, as redis-py's ``pack_command`` makes it; None to let it.
-
-    With hiredis, in C, for str (UTF-8), bytes and int. Otherwise one join,
-    where redis-py copies its growing buffer at every argument: a renewal of
-    a hundred holdings has hundreds. Only str (in the client's
-    encoding), bytes and int; anything else is redis-py's to encode. Where
-    the encoding writes ASCII as ASCII, ASCII text and numbers are joined as
-    text and encoded once (a third faster for a renewal's hundreds).
-    """
-    first = args[0]
-    if first.__class__ is not str:
-        return None
-    if (
-        _HIREDIS_PACK is not None
-        and errors == "strict"
-        and encoding in _UTF8
-        and all(arg.__class__ in _HIREDIS_KINDS for arg in args)
-    ):
-        if " " in first:
-            args = (*first.split(), *args[1:])
-        return [_HIREDIS_PACK(args)]
-    text = _ASCII_SAFE.get(encoding)
-    if text is None:
-        text = _ASCII_SAFE[encoding] = _writes_ascii_as_ascii(encoding)
-    words = first.split()
-    pieces = [f"*{len(words) + len(args) - 1}\r\n"]
-    pieces += [f"${len(word)}\r\n{word}\r\n" for word in words]
-    parts: list[bytes] = []
-    for arg in args[1:]:
-        kind = arg.__class__
-        if kind is int:
-            digits = int.__repr__(arg)
-            pieces.append(f"${len(digits)}\r\n{digits}\r\n")
-            continue
-        if kind is str and text and arg.isascii():
-            pieces.append(f"${len(arg)}\r\n{arg}\r\n")
-            continue
-        if kind is str:
-            data = arg.encode(encoding, errors)
-        elif kind is bytes:
-            data = arg
-        else:
-            return None
-        if pieces:
-            parts.append("".join(pieces).encode())
-            pieces = []
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    if pieces:
-        parts.append("".join(pieces).encode())
-    return [b"".join(parts)]
-
-
-#: Per encoding name: whether it writes ASCII text as the same bytes.
-_ASCII_SAFE: dict[str, bool] = {}
-
-
-def _writes_ascii_as_ascii(encoding: str) -> bool:
-    try:
-        return codecs.lookup(encoding).name in {"utf-8", "ascii", "iso8859-1", "cp1252"}
-    except LookupError:
-        return False
-
-
 def _exhausted(exc: BaseException) -> bool:
     """Whether ``exc`` says the pool has no connection free (redis-py's ``MaxConnectionsError``)."""
     return type(exc).__name__ == "MaxConnectionsError" or str(exc) == "Too many connections"
-
-
-@final
-class _Gate:
-    """At most ``slots`` of aiolock's commands of one client in flight; the rest wait here.
-
-    First come, first served, the urgent ones before the others. It belongs
-    to the event loop that uses it: a new loop starts with every slot free.
-    """
-
-    __slots__ = ("_free", "_loop", "_slots", "_urgent", "_waiters")
-
-    def __init__(self, slots: int) -> None:
-        self._slots = slots
-        self._free = slots
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._urgent: deque[asyncio.Future[None]] = deque()
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    async def enter(self, urgent: bool = False) -> None:
-        """Take a slot, waiting in line for one; ``urgent`` goes to the head of the line.
-
-        Renewals are urgent: each has a lease end to meet, and must not wait
-        behind a crowd of attempts (nor behind renewals that came after it).
-        """
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop = loop
-            self._free = self._slots
-            self._urgent = deque()
-            self._waiters = deque()
-        if self._free > 0 and not self._waiters and not self._urgent:
-            self._free -= 1
-            return
-        future: asyncio.Future[None] = loop.create_future()
-        line = self._urgent if urgent else self._waiters
-        line.append(future)
-        try:
-            await future
-        except BaseException:
-            if future.done() and not future.cancelled():
-                self.leave()  # a slot was handed to us: hand it on
-            else:
-                future.cancel()
-                # (A slot given back meanwhile may have passed over it already.)
-                with contextlib.suppress(ValueError):
-                    line.remove(future)
-            raise
-
-    def leave(self) -> None:
-        """Give the slot back: to the first in line, if any (the urgent line first)."""
-        for line in (self._urgent, self._waiters):
-            while line:
-                future = line.popleft()
-                if not future.done():
-                    future.set_result(None)
-                    return
-        self._free += 1
-
-    @property
-    def waiting(self) -> int:
-        """How many commands wait for a slot."""
-        return len(self._urgent) + len(self._waiters)
-
-    def full(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether a command of ``loop`` would wait for a slot now."""
-        return self._loop is loop and (self._free <= 0 or bool(self._waiters or self._urgent))
-
-
-@final
-class Ahead:
-    """A slot of a client taken ahead by one task for its next command (see :meth:`Wire.ahead`)."""
-
-    __slots__ = ("gate", "reset", "task", "used")
-
-    def __init__(self, gate: _Gate, task: asyncio.Task[Any]) -> None:
-        self.gate = gate
-        self.task = task
-        #: Whether a command went out on it (and gave it back when it ended).
-        self.used = False
-        self.reset: contextvars.Token[Ahead | None] | None = None
-
-    def give_back(self) -> None:
-        """Return the slot if no command used it; forget it either way (in the taking task)."""
-        if not self.used:
-            self.used = True
-            self.gate.leave()
-        if self.reset is not None:
-            with contextlib.suppress(ValueError):  # (another context: nothing to undo there)
-                _AHEAD.reset(self.reset)
-            self.reset = None
-
-
-#: The slot the running task took ahead, if any.
-_AHEAD: contextvars.ContextVar[Ahead | None] = contextvars.ContextVar(
-    "aiolock_slot_ahead", default=None
-)
-
-
-def _slots(client: Client) -> int:
-    """How many connections of ``client``'s pool aiolock's commands may use at once."""
-    pool = getattr(client, "connection_pool", None)
-    most = getattr(pool, "max_connections", None)
-    if not isinstance(most, int) or most <= 0:
-        return MAX_SLOTS
-    return max(1, min(int(most * POOL_SHARE), MAX_SLOTS))
 
 
 def _pool_args(pool: Any) -> tuple[str, ...]:
@@ -403,16 +240,19 @@ class Wire:
         "allowance",
         "client",
         "cluster",
+        "translating",
     )
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        #: Around every call into redis-py: its untranslated errors made its own.
+        self.translating = Translating(self.cluster)
         #: Commands go out on the pool's connections, sent by the wire itself.
         self._direct = not self.cluster and not getattr(client, "single_connection_client", False)
         self._pool_args = _pool_args(cast(Redis, client).connection_pool) if self._direct else ()
         #: aiolock's share of the client's pool: its commands beyond it wait in the process.
-        self._gate = _Gate(_slots(client))
+        self._gate = Gate(slots_of(client))
         self._srtt = 0.0  # smoothed round trip, seconds
         self._rttvar = 0.0  # its smoothed deviation
         #: How long an answer may take on this link; None before the first one came.
@@ -458,10 +298,8 @@ class Wire:
         are in flight loses replies (redis-py 8.1).
         """
         if self.cluster:
-            try:
+            with self.translating:
                 await self.client.initialize()
-            except (RuntimeError, AttributeError, KeyError) as exc:
-                raise translated(exc, self.cluster) from None
 
     def crowded(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether a command sent now from ``loop`` would wait in line for a slot."""
@@ -477,7 +315,7 @@ class Wire:
         """
         await self._gate.enter()
         ahead = Ahead(self._gate, task)
-        ahead.reset = _AHEAD.set(ahead)
+        ahead.reset = AHEAD.set(ahead)
         return ahead
 
     # -- sending -----------------------------------------------------------------------
@@ -500,32 +338,31 @@ class Wire:
         goes out. ``urgent``: first in line for a slot of the client (a renewal).
         """
         try:
-            ahead = _AHEAD.get()
-            if (
-                ahead is not None
-                and not ahead.used
-                and ahead.gate is self._gate
-                and ahead.task is asyncio.current_task()
-            ):
-                ahead.used = True  # this command goes out on the slot taken ahead
-            else:
-                if trace is not None:
-                    trace.waiting = True
-                await self._gate.enter(urgent)
-                if trace is not None:
-                    trace.waiting = False
-            try:
-                if self._direct:
-                    return await self._send_direct(args, once, trace)
-                if trace is not None:
-                    trace.reached = True  # not known: assume the worst
-                if once and self.cluster and key is not None:
-                    return await self._send_to_node(args, key)
-                return await self.client.execute_command(*args)
-            finally:
-                self._gate.leave()
-        except (RuntimeError, AttributeError, KeyError) as exc:
-            raise translated(exc, self.cluster) from None
+            with self.translating:
+                ahead = AHEAD.get()
+                if (
+                    ahead is not None
+                    and not ahead.used
+                    and ahead.gate is self._gate
+                    and ahead.task is asyncio.current_task()
+                ):
+                    ahead.used = True  # this command goes out on the slot taken ahead
+                else:
+                    if trace is not None:
+                        trace.waiting = True
+                    await self._gate.enter(urgent)
+                    if trace is not None:
+                        trace.waiting = False
+                try:
+                    if self._direct:
+                        return await self._send_direct(args, once, trace)
+                    if trace is not None:
+                        trace.reached = True  # not known: assume the worst
+                    if once and self.cluster and key is not None:
+                        return await self._send_to_node(args, key)
+                    return await self.client.execute_command(*args)
+                finally:
+                    self._gate.leave()
         except ResponseError as exc:
             if isinstance(exc, NoPermissionError) or str(exc).startswith("ACL failure"):
                 # (A script's refused command is a plain "ACL failure in script" error.)
@@ -571,15 +408,15 @@ class Wire:
             sent = True
             if trace is not None:
                 trace.reached = True
-            packed = (
-                _packed(args, conn.encoder.encoding, conn.encoder.encoding_errors)
-                if conn.__class__.pack_command is _REDIS_PACK  # (not a subclass's own)
+            frames = (
+                packed(args, conn.encoder.encoding, conn.encoder.encoding_errors)
+                if conn.__class__.pack_command is REDIS_PACK  # (not a subclass's own)
                 else None
             )
-            if packed is None:
+            if frames is None:
                 await conn.send_command(*args)
             else:
-                await conn.send_packed_command(packed)
+                await conn.send_packed_command(frames)
             return await client.parse_response(conn, args[0])
 
         async def fail(error: BaseException) -> None:
@@ -684,7 +521,7 @@ class Wire:
         """
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
-        try:
+        with self.translating:
             await self._gate.enter(urgent)
             try:
                 for round_ in range(2):
@@ -707,8 +544,6 @@ class Wire:
                         await self.client.execute_command("SCRIPT LOAD", script.text)
             finally:
                 self._gate.leave()
-        except (RuntimeError, AttributeError, KeyError) as exc:
-            raise translated(exc, self.cluster) from None
         return replies
 
     async def wrong_kind(self, key: str) -> LockError:
@@ -733,7 +568,7 @@ class Wire:
         pooled connection it would return at once. (The script answers the
         same when run twice, so redis-py's retry of the pipeline is harmless.)
         """
-        try:
+        with self.translating:
             for _ in range(2):
                 pipe = self.client.pipeline(transaction=False)
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -744,8 +579,6 @@ class Wire:
                     await self._send(("SCRIPT LOAD", script.text))
                     continue
                 return first, second
-        except (RuntimeError, AttributeError, KeyError) as exc:
-            raise translated(exc, self.cluster) from None
         raise NoScriptError(f"the script {script!r} could not be loaded")
 
     async def get(self, key: str) -> Any:

@@ -64,7 +64,7 @@ from typing import Any, Final
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
-from aiolock._wire import MAX_SLOTS
+from aiolock._gate import MAX_SLOTS
 from aiolock.testing import LocalCluster
 
 from ._measure import embedded_server, server_commands

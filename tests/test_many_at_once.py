@@ -27,9 +27,10 @@ from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import all_keys, calls, connected, connections_made, eventually, keys_of, other_tasks
 
-from aiolock import AsyncLock, ReadWriteLock, Semaphore, _wire
+from aiolock import AsyncLock, ReadWriteLock, Semaphore, _packing
+from aiolock._gate import Gate
+from aiolock._packing import packed
 from aiolock._scripts import KEEP
-from aiolock._wire import _Gate, _packed
 from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -354,7 +355,7 @@ async def test_an_exhausted_pool_is_back_pressure_within_the_deadline(
 
 async def served(arrivals: list[tuple[str, bool]]) -> list[str]:
     """The order in which a full one-slot gate serves ``(label, urgent)`` entries, one per step."""
-    gate = _Gate(1)
+    gate = Gate(1)
     order: list[str] = []
     await gate.enter()
 
@@ -387,7 +388,7 @@ async def test_renewals_in_line_for_a_slot_go_in_the_order_they_came() -> None:
 
 async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away() -> None:
     """A command cancelled while it waits for a slot leaves the line; the slots stay counted."""
-    gate = _Gate(1)
+    gate = Gate(1)
     await gate.enter()
     waiting = asyncio.ensure_future(gate.enter())
     await asyncio.sleep(0)
@@ -408,7 +409,7 @@ async def test_a_wait_cancelled_as_its_slot_is_passed_over_ends_cancelled() -> N
     slot back before that release ran again (and skipped it, being
     cancelled), and the release raised ``ValueError`` from the line instead.
     """
-    gate = _Gate(1)
+    gate = Gate(1)
     await gate.enter()
     waiting = asyncio.ensure_future(gate.enter())
     behind = asyncio.ensure_future(gate.enter())
@@ -441,14 +442,14 @@ def test_commands_are_packed_as_redis_py_packs_them(
 ) -> None:
     """aiolock's packing (hiredis's, or one join without it) gives redis-py's bytes."""
     whole = (command, *args)
-    packer = _wire._HIREDIS_PACK if with_hiredis else None  # (None without hiredis)
-    with unittest.mock.patch.object(_wire, "_HIREDIS_PACK", packer):
-        ours = _packed(whole, "utf-8", "strict")
+    packer = _packing.HIREDIS_PACK if with_hiredis else None  # (None without hiredis)
+    with unittest.mock.patch.object(_packing, "HIREDIS_PACK", packer):
+        ours = packed(whole, "utf-8", "strict")
     assert ours is not None
     assert b"".join(ours) == b"".join(RedisConnection().pack_command(*whole))
 
 
 def test_what_it_cannot_pack_is_left_to_redis_py() -> None:
     """A float, or a command name that is not a str, is redis-py's to encode."""
-    assert _packed(("SET", "k", 1.5), "utf-8", "strict") is None
-    assert _packed((b"SET", "k", "v"), "utf-8", "strict") is None
+    assert packed(("SET", "k", 1.5), "utf-8", "strict") is None
+    assert packed((b"SET", "k", "v"), "utf-8", "strict") is None
