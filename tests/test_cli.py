@@ -35,8 +35,8 @@ import redis
 import redis.asyncio
 
 from aiolock import AsyncLock
+from aiolock._cli._urls import redact_url, unavailable_message
 from aiolock._keys import Keys
-from aiolock._run import redact_url, unavailable_message
 from aiolock.testing import FaultProxy, LocalCluster, RedisServer, free_port
 
 #: The longest any single ``aiolock`` process of this module may run.
@@ -555,7 +555,7 @@ def test_an_error_starting_the_command_is_not_hidden_by_a_failed_release(
     """Regression (review): an error starting the command is not hidden by the release's."""
     code = (
         "import sys\n"
-        "from aiolock._run import RunConfig, run_command\n"
+        "from aiolock._cli._run import RunConfig, run_command\n"
         "run_command(RunConfig(sys.argv[1], ('embedded\\x00null',), url=sys.argv[2]))\n"
     )
     result = subprocess.run(

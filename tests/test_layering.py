@@ -188,7 +188,10 @@ def test_the_graph_sees_the_package_imports() -> None:
     assert "aiolock._lock" in targets["aiolock"]  # from ._lock import AsyncLock
     assert "aiolock.backoff" in targets["aiolock"]  # from . import backoff
     assert "aiolock" not in targets["aiolock._contend"]  # from . import backoff as _backoff
-    assert "aiolock.testing" in targets["aiolock._cli"]  # inside a function
+    assert "aiolock.testing" in targets["aiolock._cli._server"]  # inside a function
+    assert "aiolock._cli._main" in targets["aiolock._cli"]  # from ._main import main
+    assert "aiolock._cli._codes" in targets["aiolock._cli._run"]  # from ._codes import EX_LOST
+    assert "aiolock._lock" in targets["aiolock._cli._run"]  # from .._lock import AsyncLock
     # The aiolock.testing package: its modules, imported relatively, are in the graph too.
     assert {
         "aiolock.testing._base",
@@ -216,12 +219,41 @@ def floors(graph: dict[str, list[Import]]) -> dict[str, int]:
     return found
 
 
+#: A module's path in the floor table, between backquotes: _lease.py, _cli/_main.py.
+FLOOR_TABLE_PATH = r"`([\w./]+)\.py`"
+
+
+def module_named(path: str) -> str:
+    """The module that a path of the floor table names: ``_cli/_main`` is ``aiolock._cli._main``.
+
+    A subpackage's ``__init__`` is the subpackage itself: ``_cli/__init__`` is ``aiolock._cli``.
+    """
+    parts = path.split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["aiolock", *parts])
+
+
+def test_a_row_of_the_floor_table_names_modules_by_their_paths() -> None:
+    """A path in the floor table maps to its module, in a subpackage or at the top."""
+    assert module_named("_lease") == "aiolock._lease"
+    assert module_named("_cli/_main") == "aiolock._cli._main"
+    assert module_named("_cli/__init__") == "aiolock._cli"
+    assert re.findall(FLOOR_TABLE_PATH, "`_cli/__init__.py`, `_cli/_run.py`, `otel.py`") == [
+        "_cli/__init__",
+        "_cli/_run",
+        "otel",
+    ]
+
+
 def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
     """docs/internals.md gives every module of the package its floor, as the imports make it.
 
     The package itself, ``__main__`` and the ``testing`` package (which stands
     apart, in a table of its own) are not in the table; every other module
-    is, once, on the floor it is on.
+    is, once, on the floor it is on. A module of a subpackage is named by its
+    path (``_cli/_run.py``), the subpackage by its ``__init__``
+    (``_cli/__init__.py``).
     """
     graph = import_graph(PACKAGE)
     assert not import_cycles(graph)
@@ -231,9 +263,10 @@ def test_the_floors_of_the_internals_page_are_those_of_the_imports() -> None:
     documented: dict[str, int] = {}
     for row in table:
         floor, modules = (cell.strip() for cell in row.strip("|").split("|")[:2])
-        for name in re.findall(r"`([\w.]+)\.py`", modules):
-            assert f"aiolock.{name}" not in documented, f"{name}.py is in the table twice"
-            documented[f"aiolock.{name}"] = int(floor)
+        for path in re.findall(FLOOR_TABLE_PATH, modules):
+            module = module_named(path)
+            assert module not in documented, f"{path}.py is in the table twice"
+            documented[module] = int(floor)
     expected = {
         module: floor
         for module, floor in computed.items()

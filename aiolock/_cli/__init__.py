@@ -1,0 +1,32 @@
+"""The ``aiolock`` command: ``run``, ``status``, ``demo`` and ``server``.
+
+``aiolock run NAME -- CMD [ARGS...]``
+    A distributed ``flock(1)`` for cron jobs: waits for the lock ``NAME``,
+    runs ``CMD`` while holding it (renewing its lease), releases it, and exits
+    with ``CMD``'s status. See :mod:`aiolock._cli._run`.
+``aiolock status NAME``
+    Whether the lock is held, its remaining lease and its fence
+    (:mod:`aiolock._cli._status`).
+``aiolock demo``
+    A contention demo (:mod:`aiolock._cli._demo`, on :mod:`aiolock._demo`).
+``aiolock server``
+    A throwaway server to try aiolock against, in the foreground
+    (:mod:`aiolock._cli._server`).
+
+The parser is :mod:`aiolock._cli._parser`, the dispatch
+:mod:`aiolock._cli._main`. ``run`` and ``status`` talk to the server named by
+``--url``, else by ``$AIOLOCK_URL``, else ``redis://localhost:6379/0``
+(``--cluster`` for a Redis Cluster). A password in the URL is never printed
+(:mod:`aiolock._cli._urls`).
+
+Exit statuses (made from :data:`aiolock._cli._codes.EXIT_STATUSES`, as is
+every list of them):
+"""
+
+from ._codes import rst_table
+from ._main import main
+from ._parser import build_parser
+
+__all__ = ["build_parser", "main"]
+
+__doc__ = f"{__doc__ or ''}\n{rst_table()}\n"
