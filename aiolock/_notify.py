@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import time
@@ -73,7 +72,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError, ResponseError, SlotNotCoveredError
 
-from ._timers import call_at
+from ._channel import Channel, State, Subscription
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -109,79 +108,6 @@ _told_unsupported = False
 def _unknown_command(exc: Exception) -> bool:
     """Whether ``exc`` is the server's "unknown command" (one too old for it)."""
     return isinstance(exc, ResponseError) and str(exc).lower().startswith("unknown command")
-
-
-#: How many grants a channel remembers for waiters that expect them late.
-_RECENT_GRANTS = 64
-
-
-class _State(enum.Enum):
-    NEW = "new"  # not asked for on the current connection (or none yet)
-    PENDING = "pending"  # SUBSCRIBE sent, not confirmed
-    LIVE = "live"  # confirmed: releases reach us
-
-
-@final
-class _Channel:
-    __slots__ = (
-        "expected",
-        "generation",
-        "grants",
-        "holder_until",
-        "name",
-        "raw",
-        "recent",
-        "refs",
-        "since",
-        "state",
-        "waiters",
-    )
-
-    def __init__(self, name: str, raw: bytes, tag: bytes) -> None:
-        self.name = name
-        self.raw = raw
-        #: The channel of this process's grants on the lock: ``<channel>:<tag>``.
-        self.grants = raw + b":" + tag
-        self.refs = 0
-        self.generation = 0
-        self.state = _State.NEW
-        self.since = time.monotonic()  # when it was sent (PENDING) or last left (refs == 0)
-        self.waiters: set[asyncio.Future[None]] = set()
-        #: The subscriptions that wait for a grant, by token.
-        self.expected: dict[bytes, Subscription] = {}
-        #: The latest grants: token -> (lease ms, fence, the number of the granted entry).
-        self.recent: dict[bytes, tuple[int, int, int]] = {}
-        #: When the first lease of the latest grant heard ends (monotonic; 0: none heard).
-        self.holder_until = 0.0
-
-    def granted(self, payload: bytes) -> None:
-        """A grant message: wake the waiter it names, if it is ours; wake nobody else."""
-        try:
-            _, token, ms_text, fence_text, written_text = payload.split(b" ")
-            ms = int(ms_text)
-            fence = int(fence_text)
-            written = int(written_text)
-        except ValueError:
-            logger.debug("aiolock: a malformed grant on %r: %r", self.name, payload)
-            return
-        self.holder_until = time.monotonic() + ms / 1000
-        if len(self.recent) >= _RECENT_GRANTS:
-            del self.recent[next(iter(self.recent))]
-        self.recent[token] = (ms, fence, written)
-        subscription = self.expected.get(token)
-        if subscription is not None and subscription.entry == written:
-            subscription.granted = (ms, fence)
-            future = subscription.future
-            if future is not None and not future.done():
-                future.set_result(None)
-
-    def bump(self) -> None:
-        """Record an event and wake everyone waiting on this channel."""
-        self.generation += 1
-        for future in self.waiters:
-            if not future.done():
-                future.set_result(None)
-        self.waiters.clear()
 
 
 def _connection_for(client: Client, channel: str) -> tuple[str, Any, dict[str, Any]]:
@@ -243,9 +169,9 @@ class _Listener:
             kwargs["maint_notifications_config"] = None
         self._kwargs = kwargs
         self._sharded = sharded
-        self._channels: dict[bytes, _Channel] = {}
+        self._channels: dict[bytes, Channel] = {}
         #: The same channels by the name of their grant channel.
-        self._grants: dict[bytes, _Channel] = {}
+        self._grants: dict[bytes, Channel] = {}
         #: How many (un)subscribe requests of each name are unanswered on the connection.
         #: Replies come in the order asked: a reply answers the oldest request of its
         #: name, and only one that answers none is the server's own doing.
@@ -277,7 +203,7 @@ class _Listener:
         raw = name.encode(self._encoding)
         channel = self._channels.get(raw)
         if channel is None:
-            channel = self._channels[raw] = _Channel(name, raw, self.tag.encode())
+            channel = self._channels[raw] = Channel(name, raw, self.tag.encode())
             self._grants[channel.grants] = channel
             seen = 0  # the confirmation will bump it: try again once subscribed
         elif seen is None:
@@ -288,8 +214,8 @@ class _Listener:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"{TASK_PREFIX}:{self.label or 'client'}"
             )
-        elif channel.state is _State.NEW and self._conn is not None:
-            channel.state = _State.PENDING
+        elif channel.state is State.NEW and self._conn is not None:
+            channel.state = State.PENDING
             channel.since = time.monotonic()
             try:
                 await self._send_channels(self._conn, "SUBSCRIBE", [channel])
@@ -298,7 +224,11 @@ class _Listener:
                 raise
         return subscription
 
-    def unref(self, channel: _Channel) -> None:
+    def serves(self, channel: Channel) -> bool:
+        """Whether ``channel`` is still read here (the server may have dropped it)."""
+        return self._channels.get(channel.raw) is channel
+
+    def unref(self, channel: Channel) -> None:
         channel.refs -= 1
         if channel.refs == 0:
             channel.since = time.monotonic()
@@ -322,7 +252,7 @@ class _Listener:
             await conn.disconnect(nowait=True)
 
     async def _send_channels(
-        self, conn: AbstractConnection, verb: str, channels: list[_Channel]
+        self, conn: AbstractConnection, verb: str, channels: list[Channel]
     ) -> None:
         """(Un)subscribe ``channels`` and their grant channels.
 
@@ -422,10 +352,10 @@ class _Listener:
         )
 
     async def _subscribe_new(self, conn: AbstractConnection) -> None:
-        new = [c for c in self._channels.values() if c.state is _State.NEW]
+        new = [c for c in self._channels.values() if c.state is State.NEW]
         now = time.monotonic()
         for channel in new:
-            channel.state = _State.PENDING
+            channel.state = State.PENDING
             channel.since = now
         if new:
             await self._send_channels(conn, "SUBSCRIBE", new)
@@ -438,7 +368,7 @@ class _Listener:
         """
         self._pending.clear()
         for channel in list(self._channels.values()):
-            channel.state = _State.NEW
+            channel.state = State.NEW
             if channel.refs == 0:
                 self._forget(channel)
             channel.bump()
@@ -466,7 +396,7 @@ class _Listener:
         # wire tells us) is then dropped within two LINGERs.
         bound = min(LINGER, self._heard + IDLE_PING - now)
         for channel in self._channels.values():
-            if channel.state is _State.PENDING:
+            if channel.state is State.PENDING:
                 bound = min(bound, channel.since + REPLY_BOUND - now)
             if channel.refs == 0:
                 bound = min(bound, channel.since + LINGER - now)
@@ -480,7 +410,7 @@ class _Listener:
         if self._ping_sent is not None and now - self._ping_sent >= REPLY_BOUND:
             raise TimeoutError("the pub/sub connection stopped answering")
         for channel in self._channels.values():
-            if channel.state is _State.PENDING and now - channel.since >= REPLY_BOUND:
+            if channel.state is State.PENDING and now - channel.since >= REPLY_BOUND:
                 raise TimeoutError("the pub/sub connection stopped answering")
         if self._ping_sent is None and now - self._heard >= IDLE_PING:
             self._ping_sent = now
@@ -496,11 +426,11 @@ class _Listener:
             self._forget(channel)
             channel.bump()
         if self._channels:  # otherwise the connection is closed, which unsubscribes all
-            asked = [c for c in idle if c.state is not _State.NEW]
+            asked = [c for c in idle if c.state is not State.NEW]
             if asked:
                 await self._send_channels(conn, "UNSUBSCRIBE", asked)
 
-    def _forget(self, channel: _Channel) -> None:
+    def _forget(self, channel: Channel) -> None:
         """Stop serving ``channel`` (and its grant channel)."""
         del self._channels[channel.raw]
         del self._grants[channel.grants]
@@ -539,11 +469,11 @@ class _Listener:
             # no request of it is left unanswered (a channel dropped and asked for
             # again meanwhile is live only once the new request is answered).
             if (
-                channel.state is _State.PENDING
+                channel.state is State.PENDING
                 and name == channel.grants
                 and name not in self._pending
             ):
-                channel.state = _State.LIVE
+                channel.state = State.LIVE
                 self._confirmed = True
                 channel.bump()
         elif not asked:
@@ -552,124 +482,6 @@ class _Listener:
             # subscribes again.
             self._forget(channel)
             channel.bump()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-@final
-class Subscription:
-    """One waiter's hold on a channel of a :class:`_Listener`."""
-
-    __slots__ = (
-        "_channel",
-        "_closed",
-        "_listener",
-        "_seen",
-        "_token",
-        "entry",
-        "future",
-        "granted",
-    )
-
-    def __init__(self, listener: _Listener, channel: _Channel, seen: int) -> None:
-        self._listener = listener
-        self._channel = channel
-        self._seen = seen
-        self._closed = False
-        self._token: bytes | None = None
-        #: What :meth:`wait` awaits, while it waits.
-        self.future: asyncio.Future[None] | None = None
-        #: ``(lease ms, fence)`` once a grant to the expected entry was heard, else None.
-        self.granted: tuple[int, int] | None = None
-        #: The number of the expected entry (the attempt that wrote it).
-        self.entry = -1
-
-    def mark(self) -> None:
-        """Note the channel's generation: call it before each attempt."""
-        self._seen = self._channel.generation
-
-    def expect(self, token: str, entry: int) -> None:
-        """Wake for a grant to ``token``'s entry number ``entry`` too (one heard already counts).
-
-        A grant of another entry of the same token (one it missed, whose
-        lease ran out before it queued again) is not this one.
-        """
-        raw = token.encode()
-        if self._token != raw:
-            self._forget_token()
-            self._token = raw
-            self._channel.expected[raw] = self
-        self.entry = entry
-        heard = self._channel.recent.get(raw)
-        self.granted = heard[:2] if heard is not None and heard[2] == entry else None
-
-    @property
-    def live(self) -> bool:
-        """Whether releases can reach us: subscribed, or asked and not refused nor broken."""
-        return (
-            self._channel.state is not _State.NEW
-            and not self._listener.refused()
-            and not self.stale
-        )
-
-    @property
-    def stale(self) -> bool:
-        """Whether the listener no longer serves this channel (dropped by the server, say).
-
-        Its messages are not read any more: the waiter subscribes again.
-        """
-        return self._listener._channels.get(self._channel.raw) is not self._channel
-
-    def holder_until(self) -> float:
-        """When the first lease of the latest grant heard on the channel ends (monotonic)."""
-        return self._channel.holder_until
-
-    async def wait(self, delay: float) -> bool:
-        """Sleep up to ``delay`` seconds, less if the channel has news or our grant came.
-
-        Returns True if it had (then :attr:`granted` tells which). A grant to
-        another waiter does not wake it: it looks at :meth:`holder_until`
-        when it wakes for its own reasons.
-        """
-        channel = self._channel
-        if channel.generation != self._seen or self.granted is not None:
-            await anyio.lowlevel.checkpoint()
-            return True
-        if delay <= 0:
-            await anyio.lowlevel.checkpoint()
-            return False
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        channel.waiters.add(future)
-        self.future = future
-        # A timer of the loop's one scheduler ends the sleep (a cancel scope would
-        # cost the heir's wake-up more; the await is a cancellation point all the same).
-        timer = call_at(time.monotonic() + delay, _settle, future, loop=loop)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            self.future = None
-            channel.waiters.discard(future)
-            if not future.done():
-                future.cancel()
-        return channel.generation != self._seen or self.granted is not None
-
-    def _forget_token(self) -> None:
-        if self._token is not None:
-            if self._channel.expected.get(self._token) is self:
-                del self._channel.expected[self._token]
-            self._token = None
-
-    def close(self) -> None:
-        """Give the channel back (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._forget_token()
-            self._listener.unref(self._channel)
 
 
 _listeners: weakref.WeakKeyDictionary[Any, dict[str, _Listener]] = weakref.WeakKeyDictionary()
