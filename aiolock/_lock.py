@@ -81,8 +81,9 @@ class AsyncLock(LeaseLock):
     **Fairness.** Waiters are served in the order they reached the lock's
     queue on the server, and a release hands the lock straight to the first
     live one; the tasks of one process that wait through one client take
-    turns among themselves first, for at most 0.1 s at a time. With
-    ``fair=True`` the order is strict across every task of every process.
+    turns among themselves first, and after 0.1 s of such turns the lock
+    goes to the server's queue if anyone waits there. With ``fair=True``
+    the order is strict across every task of every process.
 
     **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
     key and no queue entry behind, and a cancelled :meth:`release` still
