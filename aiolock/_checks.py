@@ -59,8 +59,8 @@ UNSET: Final = Unset()
 #: ``PX``, ``PEXPIRE`` or ``WAIT`` milliseconds (a lease ``ttl``, ``replica_timeout``)
 #: must be at most :data:`MAX_SECONDS`, checked when the lock is made; backoff
 #: delays are held to the same limit when the policy is made or a delay is drawn
-#: (they no longer reach the server since the queue replaced the waiting marker,
-#: but a delay longer than any lease is a mistake all the same). The server
+#: (they do not reach the server: a queued waiter's entry lives ``min(ttl, 2 s)``
+#: whatever its pause; but a delay longer than any lease is a mistake all the same). The server
 #: refuses a ``PX`` when ``now_ms + PX`` overflows a signed 64-bit integer (about
 #: 9.2e18 ms; valkey 8.1 says "invalid expire time"); this limit is far below
 #: that, and below 2**53 even with the queue's slack added to a lease, so every

@@ -299,8 +299,8 @@ def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
     """The running task (aiolock is used from inside tasks only).
 
     With a holding at hand (``hint``) made in this thread, the task is
-    looked up in the holding's loop, which is cheaper than asking for the
-    running loop. If that loop is not running (a second ``asyncio.run``),
+    looked up in the holding's loop, so the running loop need not be asked
+    for first. If that loop is not running (a second ``asyncio.run``),
     or the holding belongs to another thread, the running loop is asked.
     """
     if hint is not None and hint.thread == threading.get_ident():

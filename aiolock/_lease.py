@@ -152,7 +152,8 @@ class Lease(Protocol):
     name: str
     #: The key (or, on several servers, the key on each): for messages and ``repr``.
     key: str
-    #: The first attempt can be a cheaper one that only says taken or not (:data:`RETRY`).
+    #: The first attempt can be a bare ``SET NX``, not the script: it says only taken or not
+    #: (:data:`RETRY`).
     bare_first: bool
     #: A failed attempt can put the caller in the lock's queue on the server.
     queues: bool

@@ -73,56 +73,38 @@ class AsyncLock(LeaseLock):
             lock's queue on the server, none waits in a local queue, and a
             free lock is not taken ahead of a live waiter in the queue.
 
-    **Ownership.** A holding belongs to the task that acquired it. Another
-    task using the same object waits for it; the owner re-acquiring raises
-    :class:`LockError` unless ``reentrant=True``. :meth:`owned`,
-    :meth:`extend` and :meth:`release` act for the holder, the tasks it
-    starts (they inherit its context), and, once the acquiring task has
-    ended, any task: such a *detached* holding stays held and renewed until
-    it is released (``asyncio.wait_for`` and ``gather`` run ``acquire()`` in
-    a task of their own; a request may hand its lock to a background job).
-    In any other task ``owned()`` is False and ``extend()`` raises
-    :class:`LockNotOwnedError` without touching the holder's lease; as with
-    ``asyncio.Lock``, :meth:`release` may be called from another task (a
-    hand-off). A lock object dropped while it holds gives a
-    ``ResourceWarning``, and its key expires with its lease. Each
-    acquisition gets a fresh 128-bit token, and the server only ever deletes
-    or extends a key holding that token.
+    **Ownership.** A holding belongs to the task that acquired it: another
+    task waits for it, and the owner acquiring again raises
+    :class:`LockError` unless ``reentrant=True``. The server only ever
+    deletes or extends the key while it holds the acquisition's own token.
 
-    **Fairness.** Waiters on different client objects (processes) are
-    served in the order they reached the lock's queue on the server: a
-    release hands the lock straight to the first live waiter in it, which
-    learns of it by a message (about one round trip). Tasks of one process
-    waiting through one client object are served first come, first served,
-    and only the first of them stands in the server's queue; a release hands
-    the lock to the next of them, and once such a run has lasted 0.1 s, to
-    the server's queue instead if anyone waits there. A lock that was not
-    released (its holder died and its lease ran out) goes to whoever asks
-    first; a queued waiter asks as the lease ends. With ``fair=True`` the
-    order is strict across every task of every process.
+    **Fairness.** Waiters are served in the order they reached the lock's
+    queue on the server, and a release hands the lock straight to the first
+    live one; the tasks of one process that wait through one client take
+    turns among themselves first, and after 0.1 s of such turns the lock
+    goes to the server's queue if anyone waits there. With ``fair=True``
+    the order is strict across every task of every process.
 
     **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
-    key behind: an attempt that may have reached the server is undone with
-    the same token before the cancellation propagates. A cancelled
-    :meth:`release` still completes. ``asyncio.timeout``, anyio cancel
-    scopes, task groups and ``Task.cancel()`` are all covered. Cleanup on
-    these paths is bounded (at most ``min(ttl, 1)`` seconds); if the server
-    does not answer by then, the lease expires the key.
+    key and no queue entry behind, and a cancelled :meth:`release` still
+    completes; the cleanup waits at most ``min(ttl, 1)`` seconds for the
+    server, and after that the lease expires the key.
 
     **Expiry.** The server deletes the key ``ttl`` seconds after the last
-    acquisition or renewal. The holder measures the same lease on its
-    monotonic clock from when the command was sent, so it declares the lock
-    lost (:attr:`lost`, ``on_lost``, ``LockLostError`` on exit) no later than
-    the server can expire it. A failover to a replica that had not yet
-    received the key loses the lock without notice; fencing tokens let the
-    protected resource reject such stale holders.
+    acquisition or renewal, and the holder, counting the same lease from
+    when it sent the command, declares the lock lost no later than that. A
+    failover to a replica that had not received the key loses the lock
+    without notice.
 
-    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
-    argument. :class:`AcquireTimeout` from ``async with`` when the lock was
-    not acquired in time. :class:`LockNotOwnedError` from :meth:`release`
-    and :meth:`extend` when the holding is not ours; :class:`LockLostError`
-    (a subclass) when it was lost while held. redis-py's own exceptions
-    propagate unchanged, after the cleanup above.
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments;
+    :class:`AcquireTimeout` from ``async with`` when the lock was not
+    acquired in time; :class:`LockNotOwnedError` from :meth:`release` and
+    :meth:`extend` when the holding is not ours, :class:`LockLostError` (a
+    subclass) when it was lost while held; redis-py's own exceptions,
+    unchanged, after the cleanup. In full, on the semantics page:
+    :section:`semantics#ownership`, :section:`semantics#fairness`,
+    :section:`semantics#cancellation`, :section:`semantics#expiry-and-renewal`
+    and :section:`semantics#exceptions`.
     """
 
     __slots__ = ()

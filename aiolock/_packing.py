@@ -1,4 +1,4 @@
-"""Commands in the RESP protocol, as redis-py's ``pack_command`` makes them, but faster.
+"""Commands in the RESP protocol as redis-py's ``pack_command`` makes them, packed in C or one join.
 
 redis-py's asyncio connections pack a command in Python, copying a growing
 buffer at every argument; a renewal of a hundred holdings has hundreds.
@@ -41,7 +41,7 @@ def packed(args: tuple[Any, ...], encoding: str, errors: str) -> list[bytes] | N
     a hundred holdings has hundreds. Only str (in the client's
     encoding), bytes and int; anything else is redis-py's to encode. Where
     the encoding writes ASCII as ASCII, ASCII text and numbers are joined as
-    text and encoded once (a third faster for a renewal's hundreds).
+    text and encoded once, not encoded one by one.
     """
     first = args[0]
     if first.__class__ is not str:

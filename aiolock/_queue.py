@@ -12,7 +12,7 @@ processes.
 A holder that releases while local tasks wait hands the lock straight to the
 first of them (:meth:`LocalQueue.reserve` and :meth:`LocalQueue.give`): one
 script swaps the token on the server, and the waiter wakes up holding the
-lock (a :class:`Grant`), one round trip instead of two. Such a local run
+lock (a :class:`Grant`) without sending a command of its own. Such a local run
 yields to waiters in other processes once it has lasted :data:`LOCAL_RUN`
 seconds: the releaser's script then hands the lock to the first live waiter
 of the lock's queue on the server instead, if there is one
@@ -369,7 +369,7 @@ def queue_for(home: dict[str, LocalQueue], key: str, loop: asyncio.AbstractEvent
     lock held, as in a script that ran ``asyncio.run`` once before), or by
     another process (the parent's, in a forked child), is replaced: its tasks
     and futures are of no use here. A queue of a loop that runs in another
-    thread is shared, as before: a client serves one loop at a time.
+    thread is kept and shared: a client serves one loop at a time.
     """
     queue = home.get(key)
     if queue is None or (

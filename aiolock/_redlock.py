@@ -132,58 +132,35 @@ class Redlock(LeaseLock):
             takes is subtracted from the lease. Keep it above the event
             loop's usual lag too: a reply read late counts as late.
 
-    **Ownership.** A holding belongs to the task that acquired it. Another
-    task using the same object waits for it; the owner re-acquiring raises
-    :class:`~aiolock.LockError` unless ``reentrant=True``. :meth:`owned`,
-    :meth:`extend` and :meth:`release` act for the holder, the tasks it
-    starts, and any task once the acquiring task has ended (a detached
-    holding, renewed until released); elsewhere ``owned()`` is False and
-    ``extend()`` raises :class:`~aiolock.LockNotOwnedError`. As with
-    ``asyncio.Lock``, :meth:`release` may be called from another task (a
-    hand-off). Each attempt uses a
-    fresh 128-bit token, and a node only ever deletes or extends a key
-    holding that token.
+    **Ownership.** As for ``AsyncLock``: a holding belongs to the task that
+    acquired it (another task waits; the owner acquiring again raises
+    :class:`~aiolock.LockError` unless ``reentrant=True``), and a node only
+    ever deletes or extends a key holding that acquisition's own token.
 
     **Fairness.** Tasks waiting on the same object are served first come,
-    first served, and only the first of them talks to the nodes. Between
-    objects (and processes) there is no order and no release notification:
-    a waiter retries after a jittered pause (the ``backoff`` policy), never
-    past its timeout, and the first attempt that gets a majority wins.
+    first served; between objects and processes there is no order and no
+    release notification: waiters retry after a jittered pause, and the
+    first attempt that gets a majority wins.
 
-    **Cancellation.** Cancelling :meth:`acquire` at any ``await`` leaves no
-    key behind: the node calls in flight are let finish (each within
-    ``node_timeout``), then the token is deleted from every node before the
-    cancellation propagates. A cancelled :meth:`release` still completes.
-    ``asyncio.timeout``, anyio cancel scopes, task groups and
-    ``Task.cancel()`` are all covered. This cleanup waits at most about
-    twice ``node_timeout``; a node that does not answer by then (or a paused
-    one that runs a ``SET`` still in its socket when it resumes) keeps the
-    key until its lease ends.
+    **Cancellation.** Cancelling :meth:`acquire` at any ``await`` deletes
+    its token from every node before the cancellation propagates, within
+    about twice ``node_timeout``; a node that does not answer by then keeps
+    the key until its lease ends. A cancelled :meth:`release` still
+    completes.
 
     **Expiry.** A node deletes the key ``ttl`` seconds after the last
-    acquisition or renewal it saw. The holder measures its lease from when it
-    sent the commands, minus the drift allowance (``ttl * 0.01 + 0.002``), so
-    it declares the lock lost (:attr:`lost`, ``on_lost``, ``LockLostError``
-    on exit) no later than a majority of the nodes can expire it. Renewal
-    extends the key on every node that still holds the token and keeps the
-    lock while a majority does in time; once a majority says the key is not
-    ours, or no majority confirmed a renewal before the lease end, the lock
-    is lost. A holding whose acquiring task ended is renewed until it is
-    released; a lock object dropped while it holds stops renewing (with a
-    ``ResourceWarning``), and the keys expire after their lease.
+    acquisition or renewal it saw; the holder counts its lease from when it
+    sent the commands, minus the drift allowance, so it declares the lock
+    lost no later than a majority can expire it. Renewal keeps the lock
+    while a majority extends it in time.
 
-    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
-    argument. :class:`~aiolock.AcquireTimeout` from ``async with`` when the
-    lock was not acquired in time. :class:`~aiolock.LockNotOwnedError` from
-    :meth:`release` and :meth:`extend` when the holding is not ours (nothing
-    is held, or a majority of the nodes no longer holds our key);
-    :class:`~aiolock.LockLostError` (a subclass) when it was lost while
-    held. Errors of single nodes are failures of
-    those nodes only; redis-py's own exception propagates when every node
-    failed an acquire attempt or a query, or when failed nodes leave a
-    release or extend without a verdict (then it is the last node's error,
-    or ``redis.exceptions.TimeoutError`` for a node that did not answer in
-    time), always after the cleanup above.
+    **Raises.** As ``AsyncLock``: ``TypeError``/``ValueError`` for bad
+    arguments, :class:`~aiolock.AcquireTimeout`,
+    :class:`~aiolock.LockNotOwnedError` and :class:`~aiolock.LockLostError`.
+    An error of one node is a failure of that node only; redis-py's own
+    exception propagates when the nodes' errors leave a call without a
+    verdict, after the cleanup. In full, on the semantics page:
+    :section:`semantics#redlock`.
     """
 
     __slots__ = ("_clients", "_node_timeout", "_quorum")

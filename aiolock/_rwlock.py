@@ -234,44 +234,35 @@ class ReadWriteLock:
     ``TypeError`` that names them.
 
     **Ownership.** Each ``acquire()`` of a side is a holding of the calling
-    task with a fresh 128-bit token and a lease of its own. Several tasks
-    may hold the reader side at once. A task that holds one side and asks
-    for the other raises :class:`~aiolock.LockError` (it would wait for
-    itself). ``release()``, ``owned()`` and ``extend()`` act on the calling
-    task's holding, one of a task it was started from, or one whose
-    acquiring task ended (renewed until released); else ``owned()`` is
-    False, ``extend()`` raises, and ``release()`` gives back the side's
-    latest holding (a hand-off). The server only ever extends or removes a
-    holding with the caller's token.
+    task, with a token and a lease of its own; many tasks may hold the
+    reader side at once, and a task that holds one side and asks for the
+    other raises :class:`~aiolock.LockError` (it would wait for itself).
+    The server only ever extends or removes a holding with the caller's
+    token.
 
     **Fairness.** Readers and writers wait in one queue on the server, in
-    arrival order, across every task of every process. A writer waits for
-    the readers that hold to leave; once a writer waits, readers that
-    arrive after it wait behind it (no writer starvation), and are let in
-    together when it has left. A holding whose holder died frees the lock
-    when its lease ends.
+    arrival order, across every task of every process: once a writer waits,
+    the readers that come after it wait behind it, so readers cannot starve
+    a writer.
 
-    **Cancellation.** As ``AsyncLock``: cancelling ``acquire()`` at any
-    ``await`` leaves no holding and no queue entry behind; a grant that
-    came meanwhile goes on to the next waiters. A cancelled ``release()``
-    still completes. Cleanup is bounded by ``min(ttl, 1)`` seconds.
+    **Cancellation.** As for ``AsyncLock``: cancelling ``acquire()`` at any
+    ``await`` leaves no holding and no queue entry behind, and a cancelled
+    ``release()`` still completes, within ``min(ttl, 1)`` seconds of
+    cleanup.
 
     **Expiry.** The server counts each holding as held until ``ttl`` after
-    its last acquisition or renewal (by its own clock); the holder measures
-    the same lease from when it sent the command, so it declares the
-    holding lost (``lost``, ``on_lost``, ``LockLostError`` on exit) no later
-    than the server drops it. A dead reader does not keep the lock for the
-    others: only its own lease runs out. The key vanishes with its last
-    holder.
+    its last acquisition or renewal, by its own clock, and the holder
+    declares it lost no later than that; a dead reader's lease runs out on
+    its own, and the other readers keep theirs.
 
-    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
-    argument. :class:`AcquireTimeout` from ``async with`` when the side was
-    not acquired in time. :class:`LockNotOwnedError` from ``release()`` and
-    ``extend()`` when the caller holds nothing; :class:`LockLostError` when
-    the holding was lost while held. :class:`LockError` when the name is in
-    use by another kind of primitive, or a task asks for the other side of
-    what it holds. redis-py's own exceptions propagate unchanged, after the
-    cleanup above.
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments;
+    :class:`AcquireTimeout` from ``async with`` when the side was not
+    acquired in time; :class:`LockNotOwnedError` from ``release()`` and
+    ``extend()`` when the caller holds nothing, :class:`LockLostError` when
+    the holding was lost while held; :class:`LockError` when the name is in
+    use by another kind of primitive, or a task asks for both sides;
+    redis-py's own exceptions, unchanged, after the cleanup. In full, on
+    the semantics page: :section:`semantics#readwritelock`.
     """
 
     __slots__ = ("_key", "_name", "_ttl", "reader", "writer")

@@ -199,49 +199,34 @@ class Semaphore(LeaseLock):
     ``TypeError`` that names them.
 
     **Ownership.** Each :meth:`acquire` takes one permit for the calling
-    task, with a fresh 128-bit token and a lease of its own. Several tasks
-    may hold permits of one ``Semaphore`` object at once; a task that holds
-    one and acquires again raises :class:`~aiolock.LockError`.
-    :meth:`release`, :meth:`owned` and :meth:`extend` act on the calling
-    task's permit, one of a task it was started from, or one whose
-    acquiring task ended (such a permit is renewed until released); else
-    ``owned()`` is False, ``extend()`` raises, and ``release()`` gives back
-    the object's latest permit (a hand-off). The server only ever extends or
-    removes a permit holding the caller's token.
+    task, with a token and a lease of its own; several tasks may hold
+    permits of one object at once, and a task that holds one and acquires
+    again raises :class:`~aiolock.LockError`. The server only ever extends
+    or removes a permit holding the caller's token.
 
     **Fairness.** Waiters are served in the order they reached the
-    semaphore's queue on the server, across every task of every process: a
-    permit that frees is granted to the first live waiter, which a message
-    wakes (about one round trip), and a new acquisition does not take a
-    free permit ahead of a live waiter. With several permits each waiting
-    task has an entry of its own. With one permit (a lock), the tasks of one
-    process waiting through one client are served first come, first served
-    and only the first of them stands in the server's queue; a release hands
-    the permit to the next of them, and once such a run has lasted 0.1 s, to
-    the server's queue instead if anyone waits there (as ``AsyncLock``;
-    ``fair=True`` gives every task its own entry). A permit whose holder
-    died comes back when its lease ends; a queued waiter looks as it ends.
+    semaphore's queue on the server, and a freed permit goes straight to the
+    first live one. With one permit (unless ``fair=True``) the tasks of one
+    process that wait through one client take turns as for an ``AsyncLock``.
 
-    **Cancellation.** As ``AsyncLock``: cancelling :meth:`acquire` at any
-    ``await`` leaves no permit and no queue entry behind (an attempt that
-    may have landed is undone with its token; a permit granted meanwhile
-    goes on to the next waiter). A cancelled :meth:`release` still
-    completes. Cleanup is bounded by ``min(ttl, 1)`` seconds.
+    **Cancellation.** As for ``AsyncLock``: cancelling :meth:`acquire` at
+    any ``await`` leaves no permit and no queue entry behind, and a
+    cancelled :meth:`release` still completes, within ``min(ttl, 1)``
+    seconds of cleanup.
 
     **Expiry.** The server counts a permit as held until ``ttl`` after its
-    last acquisition or renewal (by its own clock); the holder measures the
-    same lease from when it sent the command, so it declares the permit lost
-    (:attr:`lost`, ``on_lost``, ``LockLostError`` on exit) no later than
-    the server frees it. The key vanishes with its last permit.
+    last acquisition or renewal, by its own clock, and the holder declares
+    it lost no later than that; a dead holder's permit comes back when its
+    lease ends.
 
-    **Raises.** ``TypeError``/``ValueError`` for bad arguments, naming the
-    argument (``limit`` not an ``int``, or below 1). :class:`AcquireTimeout`
-    from ``async with`` when no permit came in time.
-    :class:`LockNotOwnedError` from :meth:`release` and :meth:`extend` when
-    the caller holds no permit; :class:`LockLostError` when it was lost
-    while held. :class:`LockError` when the name is in use by another kind
-    of primitive. redis-py's own exceptions propagate unchanged, after the
-    cleanup above.
+    **Raises.** ``TypeError``/``ValueError`` for bad arguments (``limit``
+    among them); :class:`AcquireTimeout` from ``async with`` when no permit
+    came in time; :class:`LockNotOwnedError` from :meth:`release` and
+    :meth:`extend` when the caller holds no permit, :class:`LockLostError`
+    when it was lost while held; :class:`LockError` when the name is in use
+    by another kind of primitive; redis-py's own exceptions, unchanged,
+    after the cleanup. In full, on the semantics page:
+    :section:`semantics#semaphore`.
     """
 
     __slots__ = ()

@@ -90,8 +90,8 @@ class ServerLease(ServerHolding, ServerQueueing):
 
         The first attempt of a call without fencing, replicas or ``fair``
         is a bare ``SET NX PX``: on an uncontended lock (the common case) it
-        costs a tenth less than the script, client and server together; if
-        it fails, the reply is ``(0, RETRY)`` and the scripted attempt
+        takes the lock without running a script (docs/internals.md, The hot
+        path); if it fails, the reply is ``(0, RETRY)`` and the scripted attempt
         follows, which gets the PTTL (and, with ``queue_up``, queues the
         caller) in the same round trip. Right after this client handed the
         lock on to a waiter, the lock is known to be taken: the script comes

@@ -1,11 +1,11 @@
-"""Cheap deadlines: one lazily armed loop timer per event loop for all of aiolock's.
+"""Deadlines on one lazily armed loop timer per event loop, for all of aiolock's.
 
 Every holding needs a timer (its first renewal, or the end of its lease) and
 every attempt with a timeout needs a cut-off, yet almost all of them are
 cancelled long before they are due: a lock held for a millisecond cancels a
-renewal timer set ``ttl/3`` ahead. A loop timer per deadline costs more than
-the rest of an uncontended acquire and release together (``asyncio.timeout``
-about 7 us on uvloop; the cycle's own Python is about 13 us).
+renewal timer set ``ttl/3`` ahead. A loop timer per deadline would be made
+and cancelled at every acquire and release (docs/internals.md, The hot
+path, says what that would cost).
 
 So the deadlines of one event loop share a heap and one loop timer, armed
 for the earliest of them. Adding a later deadline is a heap push; cancelling

@@ -34,6 +34,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from docutils import nodes
+from docutils.parsers.rst.states import Inliner
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.environment import BuildEnvironment
 from sphinx.ext.napoleon.docstring import GoogleDocstring
@@ -207,6 +210,38 @@ def _google_docstring(
     lines[:] = GoogleDocstring(lines, app.config, app, what, name, obj, options).lines()
 
 
+def _section_role(
+    name: str,
+    rawtext: str,
+    text: str,
+    lineno: int,
+    inliner: Inliner,
+    options: dict[str, Any] | None = None,
+    content: list[str] | None = None,
+) -> tuple[list[nodes.Node], list[nodes.system_message]]:
+    """``:section:`semantics#fairness```: a link from a docstring to a heading of a page.
+
+    The docstrings are reStructuredText, which cannot name the anchors that
+    myst-parser gives the headings of the Markdown pages. This role makes the
+    same reference as a page's ``[](semantics.md#fairness)``: myst-parser
+    resolves it, shows the heading's text, and warns (an error with -W) for a
+    page or an anchor that does not exist. Without ``#`` it links the page.
+    """
+    docname, _, anchor = text.partition("#")
+    env = inliner.document.settings.env
+    node = addnodes.pending_xref(
+        rawtext,
+        nodes.inline(rawtext, ""),
+        reftype="myst",
+        refdomain="doc",
+        reftarget=docname,
+        reftargetid=anchor or None,
+        refexplicit=False,
+        refdoc=env.docname,
+    )
+    return [node], []
+
+
 class _NoSmartQuotesInTheCommandLine(SphinxTransform):
     """The command-line reference as ``--help`` writes it: no smart quotes there.
 
@@ -261,6 +296,7 @@ def _check_reference(app: Sphinx, env: BuildEnvironment) -> None:
 def setup(app: Sphinx) -> dict[str, Any]:
     """Hook the link retargeting and the reference check into the build."""
     app.connect("autodoc-process-docstring", _google_docstring)
+    app.add_role("section", _section_role)
     app.add_transform(_NoSmartQuotesInTheCommandLine)
     app.connect("source-read", _retarget_page)
     app.connect("include-read", _retarget_included)

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--fencing cannot go with --limit: a semaphore's holders run at the same "
                 "time, so no order of holders exists to fence"
             )
-        from ._run import RunConfig, run_command  # imported here: fast --help
+        from ._run import RunConfig, run_command  # imported here: --help does not load it
         from ._urls import resolve_url
 
         _quiet_logging(args.verbose)

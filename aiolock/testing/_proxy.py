@@ -473,7 +473,7 @@ class FaultProxy:
     async def reset_all(self) -> None:
         """Abort every open connection, both sides (an RST where it can), and wait until closed.
 
-        New connections are forwarded as before.
+        New connections are still forwarded.
         """
         conns = list(self._all)
         for conn in conns:
