@@ -7,7 +7,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Final, NamedTuple, final
 
-from . import _resp
+import aiolock.testing._resp as _resp  # (not `from . import`: no edge to the package)
+
 from ._base import ServerLife
 from ._binary import cluster_cli
 from ._server import RedisServer, start_all, stop_together

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import final
 
-from . import _resp
+import aiolock.testing._resp as _resp  # (not `from . import`: no edge to the package)
+
 from ._base import ServerLife
 from ._server import RedisServer, stop_together
 from ._wait import wait_until

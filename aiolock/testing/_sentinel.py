@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import final
 
-from . import _resp
+import aiolock.testing._resp as _resp  # (not `from . import`: no edge to the package)
+
 from ._base import ServerLife
 from ._replicated import ReplicatedServer
 from ._server import RedisServer, start_all, stop_together

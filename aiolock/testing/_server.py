@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Final, final
 
-from . import _resp
+import aiolock.testing._resp as _resp  # (not `from . import`: no edge to the package)
+
 from ._base import ServerLife
 from ._binary import debug_command_option, find_server_binary
 from ._ports import CLUSTER_MAX_PORT, free_port
