@@ -1261,13 +1261,14 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
     """Holders that hang, and a waiter on another client for each.
 
     redis-py (0.3 s lease): the waiter gets it after about 0.3 s. aiolock,
-    defaults (0.3 s lease, renewed): nothing within 1.0 s. ``max_hold=0.6``:
-    still held 0.45 s after it was taken (renewal on), its lease then ending
-    by the cap (the renewal at 0.4 s asked for 0.2 s, not 0.3 s: PTTL about
-    150 ms, not 250 ms; 50 ms of slack for the way to the server), lost at
-    0.6 s (``lost``, ``on_lost``, ``cancel_on_lost``), and the waiter gets it
-    within 0.6 s + one renewal period (0.1 s) + 0.25 s of slack.
-    ``auto_renew=False``: after about 0.3 s.
+    defaults (0.3 s lease, renewed): nothing within 1.0 s. A 0.6 s lease with
+    ``max_hold=0.7``: still held 0.35 s after the acquisition was sent
+    (renewal on; 0.35 s of room before the cap for a late loop), its lease
+    then ending by the cap (the renewal at 0.2 s asked for 0.5 s, not 0.6 s:
+    PTTL at most the time left to the cap, + 50 ms for the way to the server,
+    where an uncapped renewal would show 100 ms more), lost at 0.7 s
+    (``lost``, ``on_lost``, ``cancel_on_lost``), and the waiter gets it
+    within 0.7 s + 0.35 s of slack. ``auto_renew=False``: after about 0.3 s.
     """
     with pytest.raises(ValueError, match=r"\bmax_hold\b"):
         AsyncLock(env.one, env.name, ttl=0.3, max_hold=0.2)
@@ -1278,19 +1279,21 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
         env.one,
         env.name,
         prefix="cap:",
-        ttl=0.3,
-        max_hold=0.6,
+        ttl=0.6,
+        max_hold=0.7,
         on_lost=lost_calls.append,
         cancel_on_lost=True,
     )
-    assert capped.max_hold == 0.6
+    assert capped.max_hold == 0.7
     unrenewed = AsyncLock(env.one, env.name, prefix="norenew:", ttl=0.3, auto_renew=False)
 
+    before: dict[AsyncLock, float] = {}
     entered: dict[AsyncLock, float] = {}
 
     async def hung(lock: AsyncLock) -> None:
+        before[lock] = time.monotonic()  # the acquisition is sent after this
         async with lock:
-            entered[lock] = time.monotonic()  # after the acquisition was sent
+            entered[lock] = time.monotonic()  # and before this
             await hang.wait()
 
     old = RedisPyLock(env.one, env.name, timeout=0.3)
@@ -1302,12 +1305,13 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
             await eventually(_held_here(lock), f"{lock.key} to be held")
         started = time.monotonic()
 
-        async def capped_at_0_45() -> tuple[bool, float, float]:
-            cap_end = entered[capped] + 0.6  # or a little earlier
-            await asyncio.sleep(max(0.0, cap_end - 0.15 - time.monotonic()))
+        async def capped_at_0_35() -> tuple[bool, float, float]:
+            await asyncio.sleep(max(0.0, before[capped] + 0.35 - time.monotonic()))
+            held = not capped.lost
+            cap_end = entered[capped] + 0.7  # the latest the cap can be
             left = (cap_end - time.monotonic()) * 1000
             pttl = await env.admin.pttl(capped.key)
-            return not capped.lost, pttl, left
+            return held, pttl, left
 
         async def waiter(lock: RedisPyLock | AsyncLock) -> tuple[bool, float]:
             got, waited = await timed(lock.acquire())
@@ -1323,21 +1327,21 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
             kept,
             capped_waiter,
             unrenewed_waiter,
-            (held_at_0_45, pttl_at_0_45, cap_left),
+            (held_at_0_35, pttl_at_0_35, cap_left),
         ) = await asyncio.gather(
             waiter(RedisPyLock(env.two, env.name, sleep=0.02, blocking_timeout=2.0)),
             new_waiter("hang:", 1.0),
             new_waiter("cap:", 2.0),
             new_waiter("norenew:", 2.0),
-            capped_at_0_45(),
+            capped_at_0_35(),
         )
         assert old_got
         assert 0.2 <= old_waited + (started - old_started) < 0.6
         assert kept[0] is False, "a hung holder of a renewed lock lost it"
-        assert held_at_0_45, "max_hold stopped the renewal before the cap"
-        assert 0 < pttl_at_0_45 <= cap_left + 50, (pttl_at_0_45, cap_left)
+        assert held_at_0_35, "max_hold stopped the renewal before the cap"
+        assert 0 < pttl_at_0_35 <= cap_left + 50, (pttl_at_0_35, cap_left)
         assert capped_waiter[0]
-        assert 0.45 <= capped_waiter[1] < 0.95, capped_waiter
+        assert 0.5 <= capped_waiter[1] < 1.05, capped_waiter
         assert unrenewed_waiter[0]
         assert 0.2 <= unrenewed_waiter[1] < 0.6, unrenewed_waiter
         assert capped.lost
