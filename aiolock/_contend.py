@@ -303,7 +303,8 @@ class WaitInQueue:
     lease over, the deadline).
     """
 
-    #: The holder's remaining lease in ms as the attempt saw it (-1: no known end).
+    #: The holder's remaining lease in ms as the attempt saw it (negative: no end to
+    #: watch for).
     pttl: int
 
 

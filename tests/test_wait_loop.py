@@ -248,7 +248,7 @@ def test_pacing_checks_each_step() -> None:
         pacing.take()
 
 
-def test_pacing_is_the_policy_s() -> None:
+def test_pacing_gives_a_policy_s_delays_in_order() -> None:
     """Pacing of a real policy gives that policy's delays in order."""
     pacing = Pacing(backoff.exponential(0.01, factor=2, cap=0.05, jitter="none").delays())
     assert [pacing.take() for _ in range(5)] == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])
