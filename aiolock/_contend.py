@@ -62,9 +62,12 @@ The head of the local queue is in one of four states:
 
 After each attempt the loop writes down what the attempt returned and what
 the waiter knows (a :class:`Seen`), and the pure function :func:`decide`
-names what to do next (a :data:`Step`). The loop only performs the step:
-every ``await`` is there, and every rule of the wait is in :func:`decide`
-(and :func:`poll_delay`), which tests call without a server::
+names what to do next (a :data:`Step`). The loop only performs the step,
+and every ``await`` is there; what to do after an attempt is decided in
+:func:`decide` alone (a poll's pause in :func:`poll_delay`), which tests
+call without a server. A wait in the queue and a pause keep small loops
+of their own (when to refresh the entry, when to look at the holder's
+lease), in :func:`_wait_in_queue` and :func:`_pause`::
 
     ATTEMPTING ──> Seen ──> decide ──> Step
 
