@@ -63,7 +63,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from importlib import resources
-from typing import Any, Final, NamedTuple, final
+from typing import Any, Final, NamedTuple, NoReturn, final
 
 __all__ = [
     "ACQUIRE",
@@ -365,7 +365,16 @@ class Bound:
     only fills in the names it gives.
     """
 
-    __slots__ = ("_arg_plan", "_fixed", "_key_plan", "_keys", "_needed", "script")
+    __slots__ = (
+        "_arg_fill",
+        "_arg_plan",
+        "_args",
+        "_fixed",
+        "_key_plan",
+        "_keys",
+        "_needed",
+        "script",
+    )
 
     def __init__(self, script: Script, fixed: dict[str, Any]) -> None:
         #: The script.
@@ -377,6 +386,9 @@ class Bound:
         self._arg_plan = tuple((n in fixed, fixed.get(n, n)) for n in script.args)
         every_key = all(known for known, _ in self._key_plan) and script.more_keys is None
         self._keys = tuple(v for _, v in self._key_plan) if every_key else None
+        # The arguments with the fixed ones in place, and where each given one goes.
+        self._args = [v if known else None for known, v in self._arg_plan]
+        self._arg_fill = tuple((i, v) for i, (known, v) in enumerate(self._arg_plan) if not known)
 
     def call(self, **values: Any) -> Call:
         """The ``KEYS`` and ``ARGV`` of one call: the fixed values and ``values``.
@@ -384,22 +396,33 @@ class Bound:
         Raises:
             TypeError: a name is missing, unknown, or given again.
         """
-        if values.keys() != self._needed:
-            again = sorted(values.keys() & self._fixed.keys())
-            if again:
-                raise TypeError(f"{self.script.name}: {again} given again (bound already)")
-            raise self.script._mismatch(values.keys() | self._fixed.keys())
+        # As many names as needed, and each of them there: exactly the needed names.
+        if len(values) != len(self._needed):
+            self._refuse(values)
         script = self.script
         keys = self._keys
-        if keys is None:
-            listed = [v if known else values[v] for known, v in self._key_plan]
-            if script.more_keys is not None:
-                listed += script._sequence(script.more_keys, self._value(script.more_keys, values))
-            keys = tuple(listed)
-        args = [v if known else values[v] for known, v in self._arg_plan]
-        if script.more_args is not None:
-            args += script._sequence(script.more_args, self._value(script.more_args, values))
+        args = self._args.copy()
+        try:
+            if keys is None:
+                listed = [v if known else values[v] for known, v in self._key_plan]
+                if script.more_keys is not None:
+                    more = self._value(script.more_keys, values)
+                    listed += script._sequence(script.more_keys, more)
+                keys = tuple(listed)
+            for at, name in self._arg_fill:
+                args[at] = values[name]
+            if script.more_args is not None:
+                more = self._value(script.more_args, values)
+                args += script._sequence(script.more_args, more)
+        except KeyError:
+            self._refuse(values)
         return keys, tuple(args)
+
+    def _refuse(self, values: dict[str, Any]) -> NoReturn:
+        again = sorted(values.keys() & self._fixed.keys())
+        if again:
+            raise TypeError(f"{self.script.name}: {again} given again (bound already)")
+        raise self.script._mismatch(values.keys() | self._fixed.keys())
 
     def _value(self, name: str, values: dict[str, Any]) -> Any:
         return self._fixed[name] if name in self._fixed else values[name]
