@@ -582,6 +582,7 @@ import redis
 out, url, key = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 def on_signal(signum, frame):
+    (out / "got").write_text(signal.Signals(signum).name)
     time.sleep(0.2)  # the lock must still be held meanwhile
     held = redis.Redis.from_url(url).exists(key)
     (out / "signal").write_text(f"{signal.Signals(signum).name} held={held}")
@@ -612,7 +613,14 @@ def test_signals_are_forwarded_and_the_lock_is_held_until_the_command_exits(
     job = cli.start("run", name, "--", *command, str(tmp_path), server.url, key)
     wait_for((tmp_path / "started").exists, "the command to start")
     os.kill(job.pid, signum)
-    result = job.finish(timeout=10)
+    try:
+        result = job.finish(timeout=10)
+    except BaseException:
+        # Which side stalled: did the signal reach the command, did its handler end?
+        got = tmp_path / "got"
+        print(f"the command got {got.read_text() if got.exists() else 'no signal'}")
+        print(f"its handler {'ended' if (tmp_path / 'signal').exists() else 'did not end'}")
+        raise
     assert result.returncode == 7, result
     assert result.stderr == ""
     assert (tmp_path / "signal").read_text() == f"{signum.name} held=1"

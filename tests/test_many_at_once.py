@@ -11,6 +11,7 @@ command waits for a connection within its caller's deadline, and redis-py's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import unittest.mock
@@ -25,9 +26,18 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from support import all_keys, calls, connected, connections_made, eventually, keys_of, other_tasks
+from support import (
+    Lateness,
+    all_keys,
+    calls,
+    connected,
+    connections_made,
+    eventually,
+    keys_of,
+    other_tasks,
+)
 
-from aiolock import AsyncLock, ReadWriteLock, Semaphore, _packing
+from aiolock import AsyncLock, LockError, ReadWriteLock, Semaphore, _packing
 from aiolock._gate import Gate
 from aiolock._packing import packed
 from aiolock._scripts import KEEP
@@ -133,7 +143,10 @@ async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
     """Locks acquired by ``gather``'s tasks: held and renewed, their ended tasks collected.
 
     An ended task keeps its coroutine, context and result; a thousand
-    holdings keeping theirs cost a kilobyte each.
+    holdings keeping theirs cost a kilobyte each. A loss is a failure,
+    unless this loop stood still for half a second or more in all while the
+    renewals were due (a loaded machine, or the full collection below in a
+    worker process grown large): then the lease may truly have run out.
     """
     # (A lease of 1.5 s: renewed twice, with room for a late renewal on a loaded machine.)
     locks = [AsyncLock(client, f"{name}:{i}", ttl=1.5) for i in range(100)]
@@ -141,13 +154,22 @@ async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
     assert all(await asyncio.gather(*tasks))
     refs = [weakref.ref(task) for task in tasks]
     del tasks
-    await asyncio.sleep(0.01)  # (the loop's own handles that name the tasks have run)
-    gc.collect()
-    # A connection opened by a task keeps a copy of its context (asyncio's reader
-    # callback), and so that task: one per connection, none per holding.
-    assert len([ref for ref in refs if ref() is not None]) <= connections_made(client)
-    await asyncio.sleep(1.7)  # past the first lease: renewed
-    assert not any(lock.lost for lock in locks)
+    async with Lateness() as late:
+        start = time.monotonic()
+        await asyncio.sleep(0.01)  # (the loop's own handles that name the tasks have run)
+        gc.collect()
+        # A connection opened by a task keeps a copy of its context (asyncio's reader
+        # callback), and so that task: one per connection, none per holding.
+        assert len([ref for ref in refs if ref() is not None]) <= connections_made(client)
+        await asyncio.sleep(1.7)  # past the first lease: renewed
+    lost = sum(lock.lost for lock in locks)
+    stood_still = late.between(start, time.monotonic())
+    assert not lost or stood_still >= 0.5, f"{lost} lost; the loop stood still {stood_still:.3f} s"
+    if lost:  # (truly: nothing more to see here)
+        for lock in locks:
+            with contextlib.suppress(LockError):
+                await lock.release()
+        pytest.skip(f"{lost} lost while the loop stood still {stood_still:.3f} s in all")
     assert await admin.exists(*(lock.key for lock in locks)) == len(locks)
     stats = locks[0].statistics()
     assert stats.held
