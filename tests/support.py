@@ -361,6 +361,49 @@ class Lateness:
         return sum(late for woke, late in self._ticks if start <= woke <= end + self.tick)
 
 
+class Answers:
+    """How long servers take to answer a ``PING`` while a test runs, as this loop sees it.
+
+    A task pings each server of ``urls`` (on clients of its own) every
+    ``tick`` seconds and writes down each round trip: a server starved of a
+    core and a loop starved of one both show. Use it as ``async with``;
+    :meth:`slowest` is the longest round trip seen.
+    """
+
+    def __init__(self, *urls: str, tick: float = 0.01) -> None:
+        self.clients = [redis.Redis.from_url(url) for url in urls]
+        self.tick = tick
+        self.times: list[float] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            for client in self.clients:
+                sent = time.monotonic()
+                await client.ping()
+                self.times.append(time.monotonic() - sent)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.tick)
+
+    async def __aenter__(self) -> Answers:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # Stopped between pings, not cancelled in one: a command cancelled in flight
+        # can leave redis-py's connection waiting.
+        assert self._task is not None
+        self._stop.set()
+        await self._task
+        for client in self.clients:
+            await client.aclose()
+
+    def slowest(self) -> float:
+        """The longest round trip seen (seconds); 0 before the first answer."""
+        return max(self.times, default=0.0)
+
+
 async def holds_on_server(lock: Any) -> bool:
     """Whether the object's current holding (whichever task acquired it) is the server's.
 

@@ -60,6 +60,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import (
     CALLBACK_KINDS,
+    Answers,
     LossRecorder,
     assert_nothing_leaked,
     blocked_client_ids,
@@ -1367,15 +1368,28 @@ async def test_renewals_by_the_watchdog_and_by_extend_are_reported(
 async def test_not_acquiring_in_time_is_reported(
     subject: Subject, events: list[LockEvent], how: str
 ) -> None:
-    """acquire() returning False gives one 'not_acquired' event with its wait, contended."""
+    """acquire() returning False gives one 'not_acquired' event with its wait, contended.
+
+    (On a loaded machine an attempt's answer may come after the deadline and
+    the link's allowance: then acquire() truly cannot say whether it was
+    taken, and raises. That is accepted only when a server's answer to a
+    ``PING`` meanwhile took 0.2 s or more too.)
+    """
     holder = subject.make_holder(ttl=5.0)
     assert await holder.acquire()
     try:
         lock = subject.make_lock(ttl=5.0)
-        if how == "timeout":
-            assert not await lock.acquire(timeout=0.2)
-        else:
-            assert not await lock.acquire(blocking=False)
+        async with Answers(*(s.url for s in subject.servers)) as answers:
+            try:
+                if how == "timeout":
+                    assert not await lock.acquire(timeout=0.2)
+                else:
+                    assert not await lock.acquire(blocking=False)
+            except RedisTimeoutError as exc:
+                slowest = answers.slowest()
+                if slowest < 0.2:
+                    raise
+                pytest.skip(f"a PING took {slowest:.3f} s meanwhile: {exc}")
     finally:
         await holder.release()
     miss = the_miss(events, lock)
