@@ -273,7 +273,7 @@ class Session:
     Attributes:
         benchmark: the benchmark.
         args: its parsed options.
-        argv: its options as given (a benchmark may add one, such as a drawn seed,
+        argv: its options as given (a benchmark may add one, such as the random start it drew,
             so that :attr:`command` reproduces the run).
         quick: ``--quick``: no target is judged.
         loop: ``--loop``: the event loop's kind.
