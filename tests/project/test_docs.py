@@ -43,6 +43,15 @@ _INLINE_LINK = re.compile(
 )
 _REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(?P<target>\S+)", re.MULTILINE)
 _CODE_SPAN = re.compile(r"(`+)(?P<code>.+?)\1")
+#: A test the pages cite: its module by its path from the root or by its file name alone, and
+#: maybe one of its tests (``tests/mechanisms/test_notify.py``, ``test_lock.py::test_name``).
+_CITED_TEST = re.compile(
+    r"(?<![\w/])(?P<module>(?:tests/(?:\w+/)*)?test_\w+\.py)(?:::(?P<test>\w+))?"
+)
+#: The suite's test modules by file name (the names are unique across the folders of tests/).
+TEST_MODULES = {path.name: path for path in (ROOT / "tests").rglob("test_*.py")}
+#: Test files the pages name that are not the suite's: the reader's own (docs/testing.md).
+READERS_FILES = {"test_locks.py"}
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,31 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and destination.suffix == ".md" and anchor not in _anchors(destination):
             broken.append(f"line {number}: {target} (no heading with the anchor #{anchor})")
     assert not broken, f"{page.relative_to(ROOT)}:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_cited_tests_exist(page: Path) -> None:
+    """Every test module the page cites exists, and so does every test it names in one."""
+    missing: list[str] = []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        for cited in _CITED_TEST.finditer(line):
+            name = cited["module"]
+            if name in READERS_FILES:
+                continue
+            module = ROOT / name if "/" in name else TEST_MODULES.get(name)
+            if module is None or not module.is_file():
+                missing.append(f"line {number}: {name} (no such test module)")
+            elif cited["test"] and not re.search(
+                rf"^(?:async )?def {cited['test']}\(", module.read_text(encoding="utf-8"), re.M
+            ):
+                missing.append(f"line {number}: {name}::{cited['test']} (no such test)")
+    assert not missing, f"{page.relative_to(ROOT)}:\n" + "\n".join(missing)
+
+
+def test_test_module_names_are_unique() -> None:
+    """No two test modules under tests/ share a file name (the pages cite a module by it)."""
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(names) == sorted(TEST_MODULES), sorted(n for n in names if names.count(n) > 1)
 
 
 # -- the code in the blocks ----------------------------------------------------------------------

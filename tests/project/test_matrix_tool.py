@@ -6,7 +6,8 @@ with it: the tables of docs/reliability.md (written by ``make matrix`` with ``--
 cover every server, client and Python the tool tests, each cell of its
 default run passed, and the floors in ``pyproject.toml`` (``requires-python``,
 ``redis>=``, the Python classifiers) are the oldest releases it tests. And
-that a module whose pytest was killed is still counted, from its log.
+that a module whose pytest was killed is still counted, from its log, and
+that it finds each test module it runs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def _minor(version: str) -> str:
 def _tested_pythons() -> dict[str, str]:
     """The Python table: each CPython release the matrix ran, and its cell."""
     return {row[0].removeprefix("CPython "): row[1] for row in _tables()[1][1:]}
+
+
+@pytest.mark.parametrize("module", matrix.MODULES)
+def test_each_module_of_the_matrix_is_one_test_file(module: str) -> None:
+    """The matrix finds each test module it runs by name, in its kind's folder of tests/."""
+    path = matrix.module_path(module)
+    assert (ROOT / path).is_file(), path
+    assert re.fullmatch(rf"tests/\w+/{module}\.py", path), path
 
 
 def test_the_readme_shows_both_tables_of_a_matrix_run() -> None:
