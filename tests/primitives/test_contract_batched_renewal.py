@@ -1,4 +1,4 @@
-"""The contract for batched renewal, for every primitive (see ``contract.py``).
+"""The contract for batched renewal, for every primitive (see ``support/contract.py``).
 
 The holdings of one event loop are renewed together: those due in the same
 window go out in one server call per client and hash slot (one per node for

@@ -1,4 +1,4 @@
-"""The contract as applications meet it, for every primitive (see ``contract.py``).
+"""The contract as applications meet it, for every primitive (see ``support/contract.py``).
 
 A lock is often acquired in one task and used in another: ``asyncio.wait_for``
 runs ``acquire()`` in a task of its own on CPython 3.11, ``gather`` runs each
