@@ -12,8 +12,6 @@ __all__ = ["LOOPS", "run_on"]
 
 #: The event loops the suite runs on, by name: asyncio's default, and uvloop where it exists.
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
-
-
 if sys.platform != "win32":  # uvloop is a dev dependency wherever it exists
     import uvloop
 
