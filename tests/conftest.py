@@ -11,7 +11,7 @@ import sys
 
 if os.environ.get("AIOLOCK_TEST_HIDE_HIREDIS"):
     # Before anything imports redis: redis-py then uses its pure-Python parser, as
-    # on an install without hiredis (tests/test_no_hiredis.py runs tests this way).
+    # on an install without hiredis (tests/topologies/test_no_hiredis.py runs tests this way).
     sys.modules["hiredis"] = None  # type: ignore[assignment]
 
 import asyncio
@@ -23,7 +23,10 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 from redis.utils import HIREDIS_AVAILABLE
-from support import LOOPS, Own, all_keys, connected, in_use_connections, listeners_gone, other_tasks
+from support.leaks import in_use_connections, listeners_gone, other_tasks
+from support.locks import all_keys
+from support.loops import LOOPS
+from support.servers import Own, connected
 
 import aiolock
 from aiolock import LockEvent
@@ -33,7 +36,7 @@ from aiolock.testing import FaultProxy, RedisServer, find_server_binary, server_
 #: aiolock's own pytest plugin (``aiolock_server``, ``aiolock_proxy``, ...), which the fixtures
 #: below build on. An installed aiolock registers the plugin by its entry point, named after
 #: the module, so listing it here never registers it twice.
-pytest_plugins = ["contract", "aiolock.testing.pytest_plugin"]
+pytest_plugins = ["support.contract", "aiolock.testing.pytest_plugin"]
 
 
 def pytest_asyncio_loop_factories(

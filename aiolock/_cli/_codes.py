@@ -4,7 +4,7 @@
 them is generated from it: the ``exit status:`` part of ``aiolock --help``
 and of each ``aiolock COMMAND --help`` (:func:`epilog`), the table in the
 docstring of :mod:`aiolock._cli` (:func:`rst_table`), and the table of
-``docs/cli.md`` (:func:`markdown_table`; ``tests/test_exit_statuses.py``
+``docs/cli.md`` (:func:`markdown_table`; ``tests/project/test_exit_statuses.py``
 fails when the page's differs, and prints the table the page should have).
 
 A meaning marks code (an option, a command, a message) with single
