@@ -229,7 +229,9 @@ class QuorumLease:
         A lost attempt, an interrupted one and one that every node failed
         are cleared from every node (a ``SET`` that timed out or failed may
         still have landed) before this returns or raises. The deadline is
-        not used: every node call is bounded by ``node_timeout`` already.
+        not used: every node call is bounded by ``node_timeout`` already
+        (nor is ``queue_up``, which a lease without a queueing part is never
+        given).
 
         Raises:
             Unanswered: every node failed, some by missing ``node_timeout``.
