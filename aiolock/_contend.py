@@ -105,7 +105,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import backoff as _backoff
 from ._cancel import honour_cancellation
-from ._lease import RETRY, Call, Lease, Reply, Unanswered
+from ._lease import RETRY, Call, Lease, Queueing, Reply, Unanswered
 from ._notify import Subscription
 from ._queue import Grant, LocalQueue, Undo
 from ._timers import Timer, spare_at
@@ -220,7 +220,7 @@ class Seen(NamedTuple):
     #: An attempt put the caller in the lock's queue on the server (it may still be there).
     queued: bool
     #: A ``PTTL`` of -1 is another library's lock, whose release grants nothing
-    #: (:attr:`Lease.foreign_without_expiry`).
+    #: (:attr:`Queueing.foreign_without_expiry`; True for a lease that does not queue).
     foreign_without_expiry: bool
     #: Whether release notifications reach the waiter.
     notifications: Notifications
@@ -463,6 +463,7 @@ def obtain(
     the server (the awaitable is the wait loop itself).
     """
     baseline = task.cancelling()
+    call.task = task
     queue = lease.queue(task.get_loop())
     if queue.take(task):
         return _contend(lease, queue, task, policy, deadline, baseline, call)
@@ -520,6 +521,10 @@ async def _contend(
     on the server (if it was in it) and passes the baton on when it ends
     (returning None, or raising).
     """
+    # A lease without a queueing part (Redlock's) never queues the caller: its waiters
+    # poll, with no notifications.
+    queueing = lease.queueing
+    foreign = True if queueing is None else queueing.foreign_without_expiry
     subscription: Subscription | None = None
     won: Won | None = None
     timer: Timer | None = None
@@ -537,17 +542,18 @@ async def _contend(
             # point (a release, a subscription confirmed) means "try again at once".
             if subscription is not None:
                 subscription.mark()
-            else:
-                generation = lease.generation()
+            elif queueing is not None:
+                generation = queueing.generation()
             sent = time.monotonic()
-            queue_up = lease.queues and (deadline is None or deadline > sent)
+            queue_up = queueing is not None and (deadline is None or deadline > sent)
             # An attempt with a deadline is cut off by a timer: one due at the first
             # renewal, lent to the cut-off, then kept for the holding if it wins.
             timer = None if deadline is None else spare_at(sent + lease.span / 3, task.get_loop())
+            call.spare = timer
             reply: Reply | None
             unanswered: Exception | None
             try:
-                reply = await lease.attempt(deadline, queue_up, task, timer, call)
+                reply = await lease.attempt(deadline, queue_up, call)
                 unanswered = None
             except Unanswered as late:
                 # No verdict (most often our own loop was busy): try again while the
@@ -573,7 +579,7 @@ async def _contend(
                 lease.span,
                 lease.ttl,
                 call.queued,
-                lease.foreign_without_expiry,
+                foreign,
                 notifications,
                 no_connection,
             )
@@ -587,7 +593,8 @@ async def _contend(
                     got = Won(call.token, sent, reply[1], queue, handed=False, timer=timer)
                     # No longer waiting in the queue. (Cancelled meanwhile, this raises: the
                     # `finally` below sees no win and leaves, which frees the lock.)
-                    await lease.stop_waiting(call)
+                    if queueing is not None:
+                        await queueing.stop_waiting(call)
                     won = got
                     return won
                 if timer is not None and not isinstance(step, _JUDGING_WIN):
@@ -609,7 +616,9 @@ async def _contend(
                             reply=None, no_connection=call.waiting and not call.reached
                         )
                     case Subscribe():
-                        subscription = await lease.subscribe(generation)
+                        # (Queued: only a lease that queues puts the caller in the queue.)
+                        if queueing is not None:
+                            subscription = await queueing.subscribe(generation)
                         seen = seen._replace(
                             notifications=_DOWN
                             if subscription is None
@@ -636,11 +645,20 @@ async def _contend(
                     case WaitInQueue(pttl=pttl):
                         # In the queue, told of our grant: wait for it, refreshing our entry.
                         assert subscription is not None  # noqa: S101 - notifications are live
+                        assert queueing is not None  # noqa: S101 - queued
                         granted = await _wait_in_queue(
-                            lease, queue, task, subscription, deadline, baseline, call, sent, pttl
+                            queueing,
+                            queue,
+                            task,
+                            subscription,
+                            deadline,
+                            baseline,
+                            call,
+                            sent,
+                            pttl,
                         )
                         if granted is not None:
-                            await lease.stop_waiting(call)  # (as for a win above)
+                            await queueing.stop_waiting(call)  # (as for a win above)
                             won = granted
                             return won
                         break
@@ -648,9 +666,10 @@ async def _contend(
                         if pacing is None:
                             pacing = Pacing(policy.delays())
                         delay = poll_delay(pacing.take(), pttl, deadline, time.monotonic())
-                        if subscription is None and delay > 0:
-                            subscription = await lease.subscribe(generation)
-                        await _pause(lease, task, subscription, delay, baseline, call, sent)
+                        if subscription is None and delay > 0 and queueing is not None:
+                            subscription = await queueing.subscribe(generation)
+                        queued = queueing if call.queued else None
+                        await _pause(queued, task, subscription, delay, baseline, call, sent)
                         break
                     case _:
                         assert_never(step)
@@ -662,10 +681,11 @@ async def _contend(
             subscription.close()
         if won is None:
             try:
-                if call.queued:
-                    await lease.leave(call)  # (and stops waiting)
-                else:
-                    await lease.stop_waiting(call)
+                if queueing is not None:
+                    if call.queued:
+                        await queueing.leave(call)  # (and stops waiting)
+                    else:
+                        await queueing.stop_waiting(call)
             finally:
                 queue.leave()
 
@@ -676,7 +696,7 @@ def _listening(subscription: Subscription) -> Notifications:
 
 
 async def _pause(
-    lease: Lease,
+    queued: Queueing | None,
     task: asyncio.Task[Any],
     subscription: Subscription | None,
     delay: float,
@@ -684,11 +704,15 @@ async def _pause(
     call: Call,
     proof: float,
 ) -> None:
-    """Sleep ``delay`` (a poll), cut short by news; a queued poller refreshes its entry."""
+    """Sleep ``delay`` (a poll), cut short by news; a queued poller refreshes its entry.
+
+    ``queued`` is the lease's queueing part when ``call`` stands in the queue
+    on the server (then its entry is refreshed), else None.
+    """
     end = time.monotonic() + delay
     refreshed = proof
     while True:
-        until = min(refreshed + lease.refresh_every, end) if call.queued else end
+        until = min(refreshed + queued.refresh_every, end) if queued is not None else end
         chunk = max(0.0, until - time.monotonic())
         if subscription is None:
             await anyio.sleep(chunk)
@@ -697,17 +721,17 @@ async def _pause(
             news = await subscription.wait(chunk)
         await honour_cancellation(task, baseline)
         now = time.monotonic()
-        if news or now >= end or not call.queued:
+        if news or now >= end or queued is None:
             return  # (a timer may fire a little early: that is the pause's end too)
-        if now >= refreshed + lease.refresh_every:
-            standing, proof = await lease.refresh(call.token, end, task)
+        if now >= refreshed + queued.refresh_every:
+            standing, proof = await queued.refresh(call, end)
             if standing is False:
                 return  # granted, or lost: the attempt tells
             refreshed = proof if standing else now
 
 
 async def _wait_in_queue(
-    lease: Lease,
+    queueing: Queueing,
     queue: LocalQueue,
     task: asyncio.Task[Any],
     subscription: Subscription,
@@ -727,7 +751,7 @@ async def _wait_in_queue(
     subscription.expect(call.token, call.attempts)
     now = time.monotonic()
     watch = now + pttl / 1000 + WATCH_SLACK if pttl >= 0 else None
-    refresh_at = proof + lease.refresh_every
+    refresh_at = proof + queueing.refresh_every
     heard = subscription.holder_until()
     while True:
         if subscription.holder_until() != heard:
@@ -747,7 +771,7 @@ async def _wait_in_queue(
         if granted is not None:
             ms, fence = granted
             span = ms / 1000
-            if lease.accepts_grants and time.monotonic() < proof + span:
+            if queueing.accepts_grants and time.monotonic() < proof + span:
                 return Won(call.token, proof, fence, queue, handed=False, span=span)
             return None  # the attempt confirms it (replicas), or finds it too late
         if news or subscription.stale:
@@ -756,10 +780,10 @@ async def _wait_in_queue(
         if deadline is not None and now >= deadline:
             return None  # the last attempt at the deadline, then the answer
         if now >= refresh_at:
-            until = now + lease.refresh_every
+            until = now + queueing.refresh_every
             if deadline is not None and deadline < until:
                 until = deadline
-            standing, shown = await lease.refresh(call.token, until, task)
+            standing, shown = await queueing.refresh(call, until)
             await honour_cancellation(task, baseline)
             if standing is False:
                 return None  # granted (the message was missed), or lost: the attempt tells
@@ -767,16 +791,16 @@ async def _wait_in_queue(
                 # (Found standing by the latest command for it: its own, or its keeper's
                 # for the client's waiters, which may have been sent a moment ago.)
                 proof = max(proof, shown)
-                refresh_at = shown + lease.refresh_every
+                refresh_at = shown + queueing.refresh_every
             else:
-                refresh_at = now + lease.refresh_every
+                refresh_at = now + queueing.refresh_every
             continue
         if watch is not None and now >= watch:
             # The holder's lease as we knew it is over: ask how long the lock is held.
-            until = now + lease.refresh_every
+            until = now + queueing.refresh_every
             if deadline is not None and deadline < until:
                 until = deadline
-            left = await lease.remaining(until, task)
+            left = await queueing.remaining(call, until)
             await honour_cancellation(task, baseline)
             if left is None or left < 0:
                 return None  # free (its holder died), without expiry, or unknown: attempt

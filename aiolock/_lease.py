@@ -19,12 +19,20 @@ the holder's remaining lease in milliseconds (``PTTL``: ``-1`` when held
 with no known end, ``-2`` when the key vanished meanwhile), or one of
 :data:`RETRY` and :data:`NOT_HELD`.
 
-A lease that *queues* (:attr:`Lease.queues`: the one-server lease) puts a
-waiter that failed in the lock's queue on the server (docs/server-queue.md,
-the scripts in :mod:`aiolock._scripts`): a release then hands the lock straight
-to the first live waiter. A queued waiter keeps its entry alive with
-:meth:`Lease.refresh` every :attr:`Lease.refresh_every` seconds, and takes
-it out with :meth:`Lease.leave` when it gives up.
+Every lease attempts, releases, extends and undoes. A lease that also
+*queues* (the one-server lease) has a :class:`Queueing` part, which the
+engine reaches through :attr:`Lease.queueing` (None for a lease that does
+not queue, as Redlock's): a waiter that failed stands in the lock's queue
+on the server (docs/server-queue.md, the scripts in :mod:`aiolock._scripts`),
+and a release hands the lock straight to the first live waiter. A queued
+waiter keeps its entry alive with :meth:`Queueing.refresh` every
+:attr:`Queueing.refresh_every` seconds, and takes it out with
+:meth:`Queueing.leave` when it gives up.
+
+The calling task and a timer it lends to a cut-off (see
+:class:`~aiolock._timers.Cutoff`) travel on the :class:`Call` of an
+acquisition (:attr:`Call.task`, :attr:`Call.spare`); a release is handed
+its cut-off whole.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-from ._timers import GRACE, Timer
+from ._timers import Cutoff, Timer
 
 if TYPE_CHECKING:
     from . import _notify
@@ -45,12 +53,12 @@ __all__ = [
     "BATCH_MOST",
     "CLEANUP_BOUND",
     "CONNECT_GRACE",
-    "GRACE",
     "NOT_HELD",
     "RETRY",
     "Call",
     "Extension",
     "Lease",
+    "Queueing",
     "Reply",
     "Unanswered",
 ]
@@ -93,6 +101,8 @@ class Call:
         "queued",
         "reached",
         "renews",
+        "spare",
+        "task",
         "token",
         "unanswered",
         "waiting",
@@ -116,6 +126,11 @@ class Call:
         #: The latest attempt waits in the process for a free slot of the client or a
         #: connection of its exhausted pool (see :class:`~aiolock._wire.Trace`).
         self.waiting = False
+        #: The calling task (the wait loop sets it): a cut-off of its attempt cancels it.
+        self.task: asyncio.Task[Any] | None = None
+        #: A timer the wait loop lends to the cut-off of the attempt in flight (see
+        #: :class:`~aiolock._timers.Cutoff`), or None.
+        self.spare: Timer | None = None
         self._cleanup_end: float | None = None
 
     def cleanup(self, bound: float) -> float:
@@ -140,6 +155,81 @@ class Unanswered(Exception):
         self.error = error
 
 
+class Queueing(Protocol):
+    """The part of a lease that queues on its server: what a waiter and a releaser ask of it.
+
+    A lease has one (:attr:`Lease.queueing`) when a failed attempt can put
+    the caller in the lock's queue on the server, where releases and grants
+    are announced (:mod:`aiolock._notify`).
+    """
+
+    #: A grant heard on the channel is the lock (else the heir confirms it with an attempt).
+    accepts_grants: bool
+    #: An attempt's ``-1`` means a key without expiry: no holding of ours (every one has a
+    #: lease) but another library's lock on a shared key, whose release grants nothing.
+    foreign_without_expiry: bool
+    #: Seconds between two refreshes of a queued waiter's entry.
+    refresh_every: float
+
+    def per_call_waiting(self) -> int | None:
+        """How many acquisitions wait in local queues of their own; None: one is shared."""
+        ...
+
+    def generation(self) -> int | None:
+        """The release channel's generation if this process listens to it, else None."""
+        ...
+
+    async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
+        """Listen for releases (see :mod:`aiolock._notify`); None without notifications."""
+        ...
+
+    async def leave(self, call: Call) -> None:
+        """Take a queued caller out of the queue: shielded, bounded by ``call``'s budget.
+
+        A grant that reached it meanwhile goes on to the next waiter.
+        """
+        ...
+
+    async def stop_waiting(self, call: Call) -> None:
+        """``call`` no longer waits in the queue (it holds, or ends): shielded, bounded.
+
+        Raises only ``CancelledError``, once what it does is done.
+        """
+        ...
+
+    async def refresh(self, call: Call, until: float) -> tuple[bool | None, float]:
+        """Keep the queued waiter ``call`` alive: whether it still stands in the queue.
+
+        Returns ``(standing, proof)``: True, and when the command was sent
+        that found it standing (a grant's lease counts from there; with the
+        client's other waiters it may be one sent a moment ago for them
+        all); False if its entry is gone; None if not known (an error, or no
+        answer by ``until``, when :attr:`Call.task` is cut off). Gone means
+        granted (the grant deletes the entry) or lost (the server lost its
+        data): the caller attempts again, which tells which.
+        """
+        ...
+
+    async def remaining(self, call: Call, until: float) -> int | None:
+        """The holder's remaining lease in ms (``PTTL``), None if unknown.
+
+        Cut off at ``until`` (:attr:`Call.task` is the task cut off).
+        """
+        ...
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, may_yield: bool
+    ) -> Reply | None:
+        """Release ``token`` straight to a local waiter (for its lease); None if this cannot.
+
+        Returns ``(1, fence)`` when the lock now holds ``heir_token``;
+        ``(2, ms)`` when it went to the first live waiter of the queue on the
+        server instead (``may_yield``); ``(0, 0)`` when ``token`` no longer
+        held it.
+        """
+        ...
+
+
 class Lease(Protocol):
     """What the wait loop and the holding life need of a primitive's server side.
 
@@ -152,18 +242,6 @@ class Lease(Protocol):
     name: str
     #: The key (or, on several servers, the key on each): for messages and ``repr``.
     key: str
-    #: The first attempt can be a bare ``SET NX``, not the script: it says only taken or not
-    #: (:data:`RETRY`).
-    bare_first: bool
-    #: A failed attempt can put the caller in the lock's queue on the server.
-    queues: bool
-    #: A grant heard on the channel is the lock (else the heir confirms it with an attempt).
-    accepts_grants: bool
-    #: An attempt's ``-1`` means a key without expiry: no holding of ours (every one has a
-    #: lease) but another library's lock on a shared key, whose release grants nothing.
-    foreign_without_expiry: bool
-    #: Seconds between two refreshes of a queued waiter's entry.
-    refresh_every: float
     #: Attempts return a fencing number.
     fencing: bool
     #: How the server(s) had stopped holding our token, in words: "<gone> at release".
@@ -172,6 +250,11 @@ class Lease(Protocol):
     ttl: float
     #: The same lease as the holder counts it (:meth:`counted` of :attr:`ttl`).
     span: float
+
+    @property
+    def queueing(self) -> Queueing | None:
+        """The part that queues on the server; None: a failed attempt does not queue."""
+        ...
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease this lease can ask for; return it in seconds."""
@@ -189,50 +272,31 @@ class Lease(Protocol):
         """The local queue, if there is one (it may be idle)."""
         ...
 
-    def per_call_waiting(self) -> int | None:
-        """How many acquisitions wait in local queues of their own; None: one is shared."""
-        ...
-
-    def generation(self) -> int | None:
-        """The release channel's generation if this process listens to it, else None."""
-        ...
-
-    async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
-        """Listen for releases (see :mod:`aiolock._notify`); None without notifications."""
-        ...
-
-    async def attempt(
-        self,
-        deadline: float | None,
-        queue_up: bool,
-        task: asyncio.Task[Any],
-        spare: Timer | None,
-        call: Call,
-    ) -> Reply | None:
-        """One attempt of ``task`` to take the lock with ``call.token`` for :attr:`ttl`.
+    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply | None:
+        """One attempt of :attr:`Call.task` to take the lock with ``call.token`` for :attr:`ttl`.
 
         Returns None if it was cut off: still unanswered when the link's
-        allowance past the deadline ran out. With ``queue_up``, a failed
-        attempt of a lease that :attr:`queues` puts the caller in the queue
-        (and sets ``call.queued``). ``spare`` is a timer the caller lends to
-        the cut-off (see :class:`~aiolock._timers.Cutoff`); ``call`` is told
-        when the attempt found another holder's key, and its cleanup budget
-        bounds an undo.
+        allowance past the deadline ran out. With ``queue_up`` (given only
+        to a lease with a :attr:`queueing` part), a failed attempt puts the
+        caller in the queue (and sets ``call.queued``). The cut-off may use
+        :attr:`Call.spare`; ``call`` is told when the attempt found another
+        holder's key, and its cleanup budget bounds an undo.
 
         Raises:
             Unanswered: no verdict from the server(s) in time.
         """
         ...
 
-    async def release(
-        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
-    ) -> bool:
+    async def release(self, token: str, cutoff: Cutoff) -> bool:
         """Delete the lock if it holds ``token``; False if it no longer did.
 
-        Bounded by ``until`` (the holding's lease end), after which the
-        server expires the key by itself; ``task`` is the releasing task, and
-        ``spare`` a timer of the holding's due before ``until`` that a cut-off
-        may reuse (see :class:`~aiolock._timers.Cutoff`).
+        Bounded by ``cutoff`` (at the holding's lease end and
+        :data:`~aiolock._timers.GRACE`, after which the server expires the
+        key by itself), entered around what is sent; a lease whose calls
+        have bounds of their own may leave it unused.
+
+        Raises:
+            redis.exceptions.TimeoutError: cut off: the key expires by itself.
         """
         ...
 
@@ -264,51 +328,6 @@ class Lease(Protocol):
         """Delete the lock if it holds ``token``: shielded, bounded, best effort.
 
         Bounded by ``call``'s cleanup budget when given, else by a budget of its own.
-        """
-        ...
-
-    async def leave(self, call: Call) -> None:
-        """Take a queued caller out of the queue: shielded, bounded by ``call``'s budget.
-
-        A grant that reached it meanwhile goes on to the next waiter.
-        """
-        ...
-
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """Keep the queued waiter ``token`` alive: whether it still stands in the queue.
-
-        Returns ``(standing, proof)``: True, and when the command was sent
-        that found it standing (a grant's lease counts from there; with the
-        client's other waiters it may be one sent a moment ago for them
-        all); False if its entry is gone; None if not known (an error, or no
-        answer by ``until``, when ``task`` is cut off). Gone means granted
-        (the grant deletes the entry) or lost (the server lost its data):
-        the caller attempts again, which tells which.
-        """
-        ...
-
-    async def stop_waiting(self, call: Call) -> None:
-        """``call`` no longer waits in the queue (it holds, or ends): shielded, bounded.
-
-        Raises only ``CancelledError``, once what it does is done.
-        """
-        ...
-
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
-        """The holder's remaining lease in ms (``PTTL``), None if unknown; cut off at ``until``."""
-        ...
-
-    async def hand_over(
-        self, token: str, heir: object, heir_token: str, may_yield: bool
-    ) -> Reply | None:
-        """Release ``token`` straight to a local waiter (for its lease); None if this cannot.
-
-        Returns ``(1, fence)`` when the lock now holds ``heir_token``;
-        ``(2, ms)`` when it went to the first live waiter of the queue on the
-        server instead (``may_yield``); ``(0, 0)`` when ``token`` no longer
-        held it.
         """
         ...
 

@@ -148,7 +148,8 @@ class LeaseLock(Watch):
         Holders in other processes (or on other client objects) are not
         seen; :meth:`locked` asks the server.
         """
-        waiting = self._lease.per_call_waiting()
+        queueing = self._lease.queueing
+        waiting = None if queueing is None else queueing.per_call_waiting()
         if waiting is not None:
             current = self._current
             return LockStatistics(

@@ -46,6 +46,7 @@ __all__ = [
     "HandsOver",
     "Heir",
     "LocalQueue",
+    "Releases",
     "Turn",
     "Undo",
     "existing_queue",
@@ -107,23 +108,25 @@ class Heir(Protocol):
         ...
 
 
+class Releases(Protocol):
+    """What a releaser releases through: the lease of its lock object."""
+
+    def release(self, token: str, cutoff: Cutoff) -> Awaitable[bool]:
+        """Delete the key if it holds ``token``, within ``cutoff``; False if it no longer did."""
+        ...
+
+    def undo(self, token: str) -> Awaitable[None]:
+        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
+        ...
+
+
 class HandsOver(Protocol):
-    """What a releaser hands over through: the lease of its lock object."""
+    """What hands a lock over on the server: the queueing part of a lease, if it has one."""
 
     def hand_over(
         self, token: str, heir: object, heir_token: str, may_yield: bool
     ) -> Awaitable[tuple[int, int] | None]:
         """Swap ``token`` for ``heir_token`` on the server; None if this lease cannot."""
-        ...
-
-    def release(
-        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
-    ) -> Awaitable[bool]:
-        """Delete the key if it holds ``token``; False if it no longer did."""
-        ...
-
-    def undo(self, token: str) -> Awaitable[None]:
-        """Delete the key if it holds ``token``: shielded, bounded, best effort."""
         ...
 
 
@@ -293,7 +296,8 @@ _queues: weakref.WeakKeyDictionary[Any, dict[str, LocalQueue]] = weakref.WeakKey
 
 
 async def hand_over(
-    lease: HandsOver,
+    lease: Releases,
+    hands: HandsOver | None,
     queue: LocalQueue,
     entry: Entry,
     *,
@@ -305,6 +309,9 @@ async def hand_over(
 ) -> bool:
     """Release the holding of ``token`` straight to the reserved local waiter ``entry``.
 
+    ``hands`` is the lease's part that hands over on the server; without one
+    (or when it cannot), the holding is released as without a waiter
+    (``spare`` goes to that release's cut-off), and ``entry`` contends.
     Bounded by the releaser's lease, like a plain release (cut off at
     ``lease_end`` + :data:`~aiolock._timers.GRACE`). Returns
     whether the key was still ours. Whatever happens, ``entry`` gets the
@@ -316,41 +323,44 @@ async def hand_over(
         redis.exceptions.TimeoutError: no answer before the cut-off; the key
             expires by itself.
     """
-    heir_token = os.urandom(16).hex()
-    sent = time.monotonic()
-    may_yield = sent - queue.run_started >= LOCAL_RUN
-    try:
-        with Cutoff(lease_end + GRACE, task, spare) as cutoff:
-            reply = await lease.hand_over(token, entry.heir, heir_token, may_yield)
-    except BaseException:
-        # It may have run: make sure neither token keeps the key, then let the heir contend.
-        queue.give(entry, Turn.CONTEND)
-        await lease.undo(heir_token)
-        await lease.undo(token)
-        raise
-    if cutoff.expired:
-        # It may have run and given the heir's token a fresh lease: the heir takes that
-        # back before it contends (or we do, if it gave up meanwhile), so that this
-        # release ends by the lease. Our own key has expired by now (its lease is over).
-        if not queue.give(entry, Undo(heir_token)):
-            await lease.undo(heir_token)
-        raise RedisTimeoutError(
-            f"releasing lock {name!r}: no answer before its lease ended; "
-            "the server expires the key by itself"
-        )
-    if reply is None:
-        # This lease cannot hand over: release, then let the heir contend.
+    if hands is not None:
+        heir_token = os.urandom(16).hex()
+        sent = time.monotonic()
+        may_yield = sent - queue.run_started >= LOCAL_RUN
         try:
-            return await lease.release(token, lease_end, task, None)
-        finally:
+            with Cutoff(lease_end + GRACE, task, spare) as cutoff:
+                reply = await hands.hand_over(token, entry.heir, heir_token, may_yield)
+        except BaseException:
+            # It may have run: make sure neither token keeps the key, then let the heir
+            # contend.
             queue.give(entry, Turn.CONTEND)
-    if reply[0] == 1:
-        if not queue.give(entry, Grant(heir_token, sent, reply[1])):
-            await lease.undo(heir_token)  # the heir gave up meanwhile
-        return True
-    # 2: it went to the first waiter of the queue on the server; the heir queues up.
-    queue.give(entry, Turn.CONTEND)
-    return bool(reply[0])
+            await lease.undo(heir_token)
+            await lease.undo(token)
+            raise
+        if cutoff.expired:
+            # It may have run and given the heir's token a fresh lease: the heir takes that
+            # back before it contends (or we do, if it gave up meanwhile), so that this
+            # release ends by the lease. Our own key has expired by now (its lease is over).
+            if not queue.give(entry, Undo(heir_token)):
+                await lease.undo(heir_token)
+            raise RedisTimeoutError(
+                f"releasing lock {name!r}: no answer before its lease ended; "
+                "the server expires the key by itself"
+            )
+        if reply is not None:
+            if reply[0] == 1:
+                if not queue.give(entry, Grant(heir_token, sent, reply[1])):
+                    await lease.undo(heir_token)  # the heir gave up meanwhile
+                return True
+            # 2: it went to the first waiter of the queue on the server; the heir queues up.
+            queue.give(entry, Turn.CONTEND)
+            return bool(reply[0])
+        spare = None  # (spent by the hand-over's cut-off)
+    # No hand-over: release, then let the heir contend.
+    try:
+        return await lease.release(token, Cutoff(lease_end + GRACE, task, spare))
+    finally:
+        queue.give(entry, Turn.CONTEND)
 
 
 def queues_of(client: object) -> dict[str, LocalQueue]:

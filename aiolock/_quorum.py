@@ -16,7 +16,9 @@ with Redis*, with the node calls of a step sent to every node at once:
 Renewal, release and the queries talk to every node at once as well, each
 call bounded by ``node_timeout``. Each node is a
 :class:`~aiolock._server_lease.ServerLease` without notifications; this lease only
-counts their answers.
+counts their answers. It has no :class:`~aiolock._lease.Queueing` part
+(:attr:`QuorumLease.queueing` is None): its waiters poll at their backoff
+steps, and a release hands nothing over to a local waiter.
 """
 
 from __future__ import annotations
@@ -27,18 +29,19 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, Final, cast, final
+from typing import TYPE_CHECKING, Final, cast, final
 
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _notify
 from ._checks import MAX_SECONDS, check_seconds, too_long, warn_long_ttl
 from ._lease import NOT_HELD, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, queue_for
 from ._server_lease import ServerLease
-from ._timers import Timer
 from ._types import Client
+
+if TYPE_CHECKING:
+    from ._timers import Cutoff
 
 __all__ = ["MIN_TTL", "QuorumLease", "address", "drift"]
 
@@ -100,19 +103,19 @@ class QuorumLease:
         "_node_timeout",
         "_nodes",
         "_queues",
-        "accepts_grants",
-        "bare_first",
         "fencing",
-        "foreign_without_expiry",
         "gone",
         "key",
         "name",
-        "queues",
         "quorum",
-        "refresh_every",
         "span",
         "ttl",
     )
+
+    #: No queue on a quorum: its waiters race (a queue would need one order on a majority),
+    #: and poll after their backoff pause (no notifications). A release hands nothing over
+    #: locally: the next local task contends after it.
+    queueing: Final = None
 
     def __init__(self, nodes: Sequence[ServerLease], name: str, node_timeout: float) -> None:
         self._nodes = tuple(nodes)
@@ -123,11 +126,6 @@ class QuorumLease:
         self.key = self._nodes[0].key
         #: How many nodes must agree: a majority.
         self.quorum = len(self._nodes) // 2 + 1
-        self.bare_first = True
-        self.queues = False
-        self.accepts_grants = False
-        self.foreign_without_expiry = True  # (it polls anyway: it does not queue)
-        self.refresh_every = math.inf
         self.fencing = False
         self.gone = "a majority of the nodes no longer held our key"
         # The tasks of this object wait here; the first one talks to the nodes.
@@ -148,18 +146,6 @@ class QuorumLease:
     def existing_queue(self) -> LocalQueue | None:
         """This lock object's local queue, if there is one (it may be idle)."""
         return self._queues.get(_QUEUE_KEY)
-
-    def per_call_waiting(self) -> None:
-        """None: this lock object's tasks share one local queue."""
-        return None
-
-    def generation(self) -> None:
-        """No notifications: waiters retry after their backoff pause."""
-        return None
-
-    async def subscribe(self, seen: int | None) -> _notify.Subscription | None:
-        """No notifications: waiters retry after their backoff pause."""
-        return None
 
     # -- node calls --------------------------------------------------------------------
 
@@ -235,38 +221,17 @@ class QuorumLease:
                 failed[-1],
             )
 
-    async def leave(self, call: Call) -> None:
-        """No queue on a quorum: its waiters race (a queue would need one order on a majority)."""
-
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """No queue entry on a quorum."""
-        return None, 0.0
-
-    async def stop_waiting(self, call: Call) -> None:
-        """No queue entry on a quorum."""
-
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
-        """Not known on a quorum without asking every node: None."""
-        return None
-
     # -- acquire -----------------------------------------------------------------------
 
-    async def attempt(
-        self,
-        deadline: float | None,
-        queue_up: bool,
-        task: asyncio.Task[Any],
-        spare: Timer | None,
-        call: Call,
-    ) -> Reply:
+    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply:
         """One attempt on every node: ``(1, 0)`` if it won, else ``(0, -1 or NOT_HELD)``.
 
         A lost attempt, an interrupted one and one that every node failed
         are cleared from every node (a ``SET`` that timed out or failed may
         still have landed) before this returns or raises. The deadline is
-        not used: every node call is bounded by ``node_timeout`` already.
+        not used: every node call is bounded by ``node_timeout`` already
+        (nor is ``queue_up``, which a lease without a queueing part is never
+        given).
 
         Raises:
             Unanswered: every node failed, some by missing ``node_timeout``.
@@ -309,10 +274,10 @@ class QuorumLease:
 
     # -- holding -----------------------------------------------------------------------
 
-    async def release(
-        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
-    ) -> bool:
+    async def release(self, token: str, cutoff: Cutoff) -> bool:
         """Delete our key from every node: True if a majority did, False if it was gone.
+
+        Each node call is bounded by ``node_timeout``: ``cutoff`` is not used.
 
         Raises:
             redis.exceptions.RedisError: fewer than a majority deleted our key
@@ -395,10 +360,6 @@ class QuorumLease:
             ]
             verdicts.append(lease._extended(answers, batch[item][2], elapsed))
         return verdicts
-
-    async def hand_over(self, token: str, heir: object, heir_token: str, may_yield: bool) -> None:
-        """A quorum does not hand over: the next local task contends after the release."""
-        return None
 
     async def _values(self) -> list[object]:
         """GET the key on every node: one value (or None) per node that answered.

@@ -13,9 +13,8 @@ readers that come after it wait behind it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Literal, Never, final
+from typing import TYPE_CHECKING, Final, Literal, Never, final
 
 from redis.asyncio import Redis
 
@@ -39,7 +38,7 @@ from ._server_lease import ServerLease
 from ._timers import Cutoff
 
 if TYPE_CHECKING:
-    from ._lease import Reply
+    from ._lease import Call, Reply
     from ._types import Client
 
 __all__ = ["RWLease", "RWSide", "ReadWriteLock"]
@@ -97,7 +96,7 @@ class RWLease(ServerLease):
         readers, writer, left, mine = await self.wire.run(RW_STATE, keys, args)
         return int(readers), bool(int(writer)), int(left), bool(int(mine))
 
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+    async def remaining(self, call: Call, until: float) -> int | None:
         """Ms until the first holder's lease ends, None if unknown.
 
         -2 when this side would be admitted now (nobody holds; for a reader, no
@@ -105,7 +104,7 @@ class RWLease(ServerLease):
         queued before it that are still alive (a dead one is dropped).
         """
         try:
-            with Cutoff(until, task) as cutoff:
+            with Cutoff(until, call.task) as cutoff:
                 _, _, left, _ = await self._state("", self.kind)
         except Exception:
             return None

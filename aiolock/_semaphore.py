@@ -11,9 +11,8 @@ and a release grants the freed permit to the first live one.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Never, final
+from typing import TYPE_CHECKING, Never, final
 
 from redis.asyncio import Redis
 
@@ -36,7 +35,7 @@ from ._timers import Cutoff
 
 if TYPE_CHECKING:
     from ._keys import Keys
-    from ._lease import Reply
+    from ._lease import Call, Reply
     from ._types import Client
 
 __all__ = ["Semaphore", "SemaphoreLease"]
@@ -103,10 +102,10 @@ class SemaphoreLease(ServerLease):
         held, left, mine = await self.wire.run(SEMAPHORE_STATE, keys, args)
         return int(held), int(left), bool(int(mine))
 
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+    async def remaining(self, call: Call, until: float) -> int | None:
         """Ms until the first permit's lease ends (-2: one is free), None if unknown."""
         try:
-            with Cutoff(until, task) as cutoff:
+            with Cutoff(until, call.task) as cutoff:
                 _, left, _ = await self._state("")
         except Exception:
             return None

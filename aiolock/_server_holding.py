@@ -20,14 +20,14 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._checks import to_ms
-from ._lease import GRACE, Extension
+from ._lease import Extension
 from ._scripts import Script
 from ._server_state import ServerState
-from ._timers import Cutoff, Timer
 from ._wire import ReplyLost
 
 if TYPE_CHECKING:
     from ._lease import Call
+    from ._timers import Cutoff
 
 __all__ = ["CONTENDED_HINT", "ServerHolding"]
 
@@ -118,17 +118,15 @@ class ServerHolding(ServerState):
         """The token that holds the lock now (``GET``), or None."""
         return await self.wire.get(self.key)
 
-    async def release(
-        self, token: str, until: float, task: asyncio.Task[Any], spare: Timer | None
-    ) -> bool:
-        """Delete the key if it holds ``token`` and announce it; cut off at ``until`` + GRACE.
+    async def release(self, token: str, cutoff: Cutoff) -> bool:
+        """Delete the key if it holds ``token`` and announce it; bounded by ``cutoff``.
 
         Raises:
-            redis.exceptions.TimeoutError: no answer before ``until`` (the
-                lease end): the server expires the key by itself.
+            redis.exceptions.TimeoutError: no answer before the cut-off (the
+                lease end and GRACE): the server expires the key by itself.
         """
         try:
-            with Cutoff(until + GRACE, task, spare) as cutoff:
+            with cutoff:
                 reply = await self._release_once(token)
         except asyncio.CancelledError:
             await self.undo(token)

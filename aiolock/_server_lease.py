@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Self, cast
 
 from redis.exceptions import ClusterError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -38,7 +38,7 @@ from ._scripts import (
 from ._server_holding import CONTENDED_HINT, ServerHolding
 from ._server_queue import ServerQueueing
 from ._site import REMEMBERED, site_of
-from ._timers import Cutoff, Timer
+from ._timers import Cutoff
 from ._wire import ReplyLost
 
 if TYPE_CHECKING:
@@ -68,8 +68,10 @@ class ServerLease(ServerHolding, ServerQueueing):
     its own (:attr:`_ACQUIRE` and the others), and binds what they take
     by name in :meth:`_bind`.
 
-    It queues: a waiter that failed waits in the lock's queue on the server,
-    and a release hands the lock to the first live waiter (docs/server-queue.md).
+    It queues (its :attr:`queueing` is itself, a
+    :class:`~aiolock._lease.Queueing`): a waiter that failed waits in the
+    lock's queue on the server, and a release hands the lock to the first
+    live waiter (docs/server-queue.md).
     With ``fair``, every acquisition goes through the queue: no bare first
     ``SET`` that could take a free lock ahead of it, and no local queue (each
     waiting task has an entry of its own, so the order is strict across
@@ -78,15 +80,13 @@ class ServerLease(ServerHolding, ServerQueueing):
 
     __slots__ = ()
 
-    async def attempt(
-        self,
-        deadline: float | None,
-        queue_up: bool,
-        task: asyncio.Task[Any],
-        spare: Timer | None,
-        call: Call,
-    ) -> Reply | None:
-        """Send one acquire attempt of ``task``; None if it was cut off past the deadline.
+    @property
+    def queueing(self) -> Self:
+        """The lease itself: it queues on its server (its waiting side, ``ServerQueueing``)."""
+        return self
+
+    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply | None:
+        """Send one acquire attempt of ``call.task``; None if it was cut off past the deadline.
 
         The first attempt of a call without fencing, replicas or ``fair``
         is a bare ``SET NX PX``: on an uncontended lock (the common case) it
@@ -144,7 +144,7 @@ class ServerLease(ServerHolding, ServerQueueing):
                 link = (deadline if deadline > sent else sent) + wire.allowance
                 if link < when:
                     when = link
-                with Cutoff(when, task, spare, lend=True) as cutoff:
+                with Cutoff(when, call.task, call.spare, lend=True) as cutoff:
                     reply = await sending
                 if cutoff.expired:
                     reply = None

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any
 
 from . import _notify
 from ._cancel import run_shielded
@@ -110,15 +109,14 @@ class ServerQueueing(ServerState):
         if keeper.idle() and keepers.get(self.keys.queue) is keeper:
             del keepers[self.keys.queue]
 
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """``PEXPIRE`` the entry of ``token`` for one entry life, or have its keeper keep it.
+    async def refresh(self, call: Call, until: float) -> tuple[bool | None, float]:
+        """``PEXPIRE`` the entry of ``call`` for one entry life, or have its keeper keep it.
 
         Cut off at ``until``. An error or a cut-off is only logged (None):
         the entry lives on for the rest of its life, and the next refresh
         may get through.
         """
+        token = call.token
         keeper = self._site.keepers.get(self.keys.queue)
         if keeper is not None and keeper.pending(token):
             # Its entry names the keeper, and no attempt showed it queued yet (it got no
@@ -126,7 +124,7 @@ class ServerQueueing(ServerState):
             return None, 0.0
         sent = time.monotonic()
         try:
-            with Cutoff(until, task) as cutoff:
+            with Cutoff(until, call.task) as cutoff:
                 if keeper is not None and keeper.keeps(token):
                     standing, proof = await keeper.refresh(token, self.refresh_every)
                 else:
@@ -140,10 +138,10 @@ class ServerQueueing(ServerState):
             return None, 0.0
         return standing, proof
 
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
+    async def remaining(self, call: Call, until: float) -> int | None:
         """``PTTL`` of the lock key (None on an error, or no answer by ``until``)."""
         try:
-            with Cutoff(until, task) as cutoff:
+            with Cutoff(until, call.task) as cutoff:
                 pttl = await self.wire.pttl(self.key)
         except Exception as exc:
             logger.debug("could not read the lease of %r: %r", self.name, exc)

@@ -73,7 +73,6 @@ class ServerState:
         "key",
         "keys",
         "name",
-        "queues",
         "refresh_every",
         "span",
         "ttl",
@@ -115,8 +114,10 @@ class ServerState:
         self.ttl = self.span = ttl
         self._ms = shared(to_ms(ttl))
         self._cleanup = min(ttl, CLEANUP_BOUND)
+        # The first attempt can be a bare SET NX, not the script: it says only taken or
+        # not (RETRY). Off where the script must run (a subclass whose key is no plain
+        # string turns it off too).
         self.bare_first = not (fencing or replicas or fair)
-        self.queues = True
         # A grant sets the key without waiting for replicas: such an heir confirms it.
         self.accepts_grants = not replicas
         self.foreign_without_expiry = True  # the lock's key is a plain string any SET NX takes

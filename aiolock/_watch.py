@@ -40,7 +40,7 @@ from ._lease import Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import hand_over
 from ._renewal import renewer_for
-from ._timers import call_at
+from ._timers import GRACE, Cutoff, call_at
 from ._types import Primitive
 from ._wire import slot_ahead
 
@@ -337,6 +337,7 @@ class Watch(Holdings):
             if entry is not None:
                 deleted = await hand_over(
                     lease,
+                    lease.queueing,
                     holding.queue,
                     entry,
                     name=self._name,
@@ -346,7 +347,8 @@ class Watch(Holdings):
                     spare=spare,
                 )
             else:
-                deleted = await lease.release(holding.token, holding.lease_end, task, spare)
+                cutoff = Cutoff(holding.lease_end + GRACE, task, spare)
+                deleted = await lease.release(holding.token, cutoff)
             if not deleted:
                 self._report_loss(holding, f"{lease.gone} at release")
         finally:

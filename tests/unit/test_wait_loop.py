@@ -6,8 +6,10 @@ itself (:func:`obtain` and ``_contend``) runs here over :class:`FakeLease`:
 an in-memory stand-in for aiolock's own ``Lease`` protocol (not for Redis)
 whose attempts answer from a script, so that each path of the loop (a win,
 a release heard, a deadline, no answer, a cancellation) runs without a
-server. How the loop behaves against real servers is the contract suite's
-(tests/test_contract*.py) and the other modules'.
+server. A fake lease that queues has a :class:`FakeQueueing` part (the
+``Queueing`` protocol); one without it takes the path of a lease that does
+not queue (Redlock's). How the loop behaves against real servers is the contract suite's
+(tests/primitives/test_contract*.py) and the other modules'.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from aiolock._contend import (
     obtain,
     poll_delay,
 )
-from aiolock._lease import NOT_HELD, RETRY, Call, Lease, Reply, Unanswered
+from aiolock._lease import NOT_HELD, RETRY, Call, Lease, Queueing, Reply, Unanswered
 from aiolock._notify import Subscription
 from aiolock._queue import LocalQueue
 
@@ -458,36 +460,26 @@ class FakeSubscription:
 
 
 @dataclass
-class FakeLease:
-    """What ``_contend`` calls on a lease, in memory: attempts answer from :attr:`script`.
+class FakeQueueing:
+    """The ``Queueing`` part of a :class:`FakeLease`, in memory: it records every call.
 
-    The script's answers are taken in order; the last one is repeated. A
-    failed attempt with ``queue_up`` of a lease that :attr:`queues` puts the
-    call in the queue. Every call the loop makes is recorded.
+    A failed attempt with ``queue_up`` puts the call in the queue if it
+    :attr:`enters` (a bare first attempt, say, does not).
     """
 
-    script: Sequence[Answer]
-    queues: bool = False
     notify: bool = True
-    ttl: float = 10.0
-    span: float = 10.0
-    name: str = "fake"
+    enters: bool = True
     accepts_grants: bool = True
     foreign_without_expiry: bool = True
     refresh_every: float = 60.0
     subscription: FakeSubscription = field(default_factory=FakeSubscription)
-    attempts: list[tuple[float | None, bool]] = field(default_factory=list)
-    undone: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     subscribed: int = 0
-    local: LocalQueue | None = None
 
-    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
-        """The local queue (one, for the test's loop)."""
-        if self.local is None:
-            self.local = LocalQueue({}, self.name, loop)
-        return self.local
+    def per_call_waiting(self) -> int | None:
+        """One local queue is shared."""
+        return None
 
     def generation(self) -> int | None:
         """The channel's generation: nothing listened to yet."""
@@ -498,14 +490,60 @@ class FakeLease:
         self.subscribed += 1
         return cast(Subscription, self.subscription) if self.notify else None
 
-    async def attempt(
-        self,
-        deadline: float | None,
-        queue_up: bool,
-        task: asyncio.Task[Any],
-        spare: object,
-        call: Call,
+    async def leave(self, call: Call) -> None:
+        """Record that the call left the queue."""
+        self.left.append(call.token)
+
+    async def stop_waiting(self, call: Call) -> None:
+        """Record that the call stopped waiting."""
+        self.stopped.append(call.token)
+
+    async def refresh(self, call: Call, until: float) -> tuple[bool | None, float]:
+        """The entry stands."""
+        return True, time.monotonic()
+
+    async def remaining(self, call: Call, until: float) -> int | None:
+        """The holder's lease is not known."""
+        return None
+
+    async def hand_over(
+        self, token: str, heir: object, heir_token: str, may_yield: bool
     ) -> Reply | None:
+        """Never handed over (the loop does not hand over)."""
+        return None
+
+
+#: The fake keeps the protocol (mypy checks this assignment).
+_FAKE_QUEUEING: type[Queueing] = FakeQueueing
+
+
+@dataclass
+class FakeLease:
+    """What ``_contend`` calls on a lease, in memory: attempts answer from :attr:`script`.
+
+    The script's answers are taken in order; the last one is repeated.
+    Without :attr:`queueing` it is a lease that does not queue (as
+    Redlock's); with it, a failed attempt with ``queue_up`` puts the call
+    in the queue (see :class:`FakeQueueing`). Every call the loop makes is
+    recorded.
+    """
+
+    script: Sequence[Answer]
+    queueing: FakeQueueing | None = None
+    ttl: float = 10.0
+    span: float = 10.0
+    name: str = "fake"
+    attempts: list[tuple[float | None, bool]] = field(default_factory=list)
+    undone: list[str] = field(default_factory=list)
+    local: LocalQueue | None = None
+
+    def queue(self, loop: asyncio.AbstractEventLoop) -> LocalQueue:
+        """The local queue (one, for the test's loop)."""
+        if self.local is None:
+            self.local = LocalQueue({}, self.name, loop)
+        return self.local
+
+    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply | None:
         """The script's next answer."""
         index = len(self.attempts)
         self.attempts.append((deadline, queue_up))
@@ -516,31 +554,16 @@ class FakeLease:
             answer = await answer(self, call, deadline)
         if isinstance(answer, BaseException):
             raise answer
-        if answer is not None and answer[0] == 0 and queue_up and self.queues:
-            call.queued = True
+        queueing = self.queueing
+        if answer is not None and answer[0] == 0 and queue_up:
+            assert queueing is not None  # (the loop asks only a lease that queues to queue up)
+            if queueing.enters:
+                call.queued = True
         return cast(Reply | None, answer)
 
     async def undo(self, token: str, call: Call | None = None) -> None:
         """Record the undo."""
         self.undone.append(token)
-
-    async def leave(self, call: Call) -> None:
-        """Record that the call left the queue."""
-        self.left.append(call.token)
-
-    async def stop_waiting(self, call: Call) -> None:
-        """Record that the call stopped waiting."""
-        self.stopped.append(call.token)
-
-    async def refresh(
-        self, token: str, until: float, task: asyncio.Task[Any]
-    ) -> tuple[bool | None, float]:
-        """The entry stands."""
-        return True, time.monotonic()
-
-    async def remaining(self, until: float, task: asyncio.Task[Any]) -> int | None:
-        """The holder's lease is not known."""
-        return None
 
 
 async def acquire(fake: FakeLease, timeout: float | None, call: Call | None = None) -> Won | None:
@@ -560,17 +583,30 @@ def baton_free(fake: FakeLease) -> bool:
     return fake.local is not None and fake.local.owner is None
 
 
+#: A call that ends without standing in the queue on the server, over a lease without a
+#: queueing part (Redlock's) and over one with it (told the call stopped waiting).
+NOT_QUEUED: Final = pytest.mark.parametrize(
+    "queues", [pytest.param(False, id="no-queueing"), pytest.param(True, id="not-queued")]
+)
+
+
+def not_queued(queues: bool) -> FakeQueueing | None:
+    """No queueing part, or one without notifications whose attempts do not queue the call."""
+    return FakeQueueing(notify=False, enters=False) if queues else None
+
+
 async def test_a_first_attempt_that_wins_holds() -> None:
     """A win at the first attempt is the lock: one attempt, no pause, no queue left behind."""
-    fake = FakeLease([(1, 7)], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([(1, 7)], queueing)
     call = Call()
     won = await acquire(fake, 5.0, call)
     assert won is not None
     assert (won.token, won.fence, won.handed, won.span) == (call.token, 7, False, None)
     assert len(fake.attempts) == 1
-    assert fake.stopped == [call.token]
-    assert fake.left == fake.undone == []
-    assert fake.subscribed == 0
+    assert queueing.stopped == [call.token]
+    assert queueing.left == fake.undone == []
+    assert queueing.subscribed == 0
     assert fake.local is not None
     assert fake.local.owner is asyncio.current_task()
     fake.local.leave()
@@ -578,12 +614,13 @@ async def test_a_first_attempt_that_wins_holds() -> None:
 
 async def test_a_failed_bare_attempt_is_followed_at_once() -> None:
     """RETRY (a bare first attempt that failed): the full attempt follows without a pause."""
-    fake = FakeLease([(0, RETRY), (1, 0)], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([(0, RETRY), (1, 0)], queueing)
     started = time.monotonic()
     won = await acquire(fake, None)
     assert won is not None
     assert len(fake.attempts) == 2
-    assert fake.subscribed == 0
+    assert queueing.subscribed == 0
     assert time.monotonic() - started < 0.5  # (no backoff step of 10 ms was needed)
     assert fake.local is not None
     fake.local.leave()
@@ -591,76 +628,86 @@ async def test_a_failed_bare_attempt_is_followed_at_once() -> None:
 
 async def test_a_queued_waiter_attempts_again_when_a_release_is_heard() -> None:
     """Held: the waiter queues, subscribes, waits; a release on the channel makes it win."""
-    fake = FakeLease([HELD, (1, 3)], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([HELD, (1, 3)], queueing)
     call = Call()
     task = asyncio.create_task(acquire(fake, None, call))
-    await asyncio.wait_for(fake.subscription.waiting.wait(), 5)
+    await asyncio.wait_for(queueing.subscription.waiting.wait(), 5)
     assert len(fake.attempts) == 1
     assert call.queued
-    fake.subscription.release()
+    queueing.subscription.release()
     won = await asyncio.wait_for(task, 5)
     assert won is not None
     assert won.fence == 3
     assert len(fake.attempts) == 2
-    assert fake.subscribed == 1
-    assert fake.subscription.closed  # (a winner gives the channel back)
-    assert fake.stopped == [call.token]
-    assert fake.left == []
+    assert queueing.subscribed == 1
+    assert queueing.subscription.closed  # (a winner gives the channel back)
+    assert queueing.stopped == [call.token]
+    assert queueing.left == []
     assert fake.local is not None
     fake.local.leave()
 
 
 async def test_a_grant_heard_on_the_channel_is_the_lock() -> None:
     """A queued waiter granted the lock holds it at once, its lease counted from its attempt."""
-    fake = FakeLease([HELD], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([HELD], queueing)
     call = Call()
     task = asyncio.create_task(acquire(fake, None, call))
-    await asyncio.wait_for(fake.subscription.waiting.wait(), 5)
-    fake.subscription.granted = (10_000, 9)
-    fake.subscription.release()
+    await asyncio.wait_for(queueing.subscription.waiting.wait(), 5)
+    queueing.subscription.granted = (10_000, 9)
+    queueing.subscription.release()
     won = await asyncio.wait_for(task, 5)
     assert won is not None
     assert (won.fence, won.span) == (9, 10.0)
     assert len(fake.attempts) == 1
-    assert fake.stopped == [call.token]
+    assert queueing.stopped == [call.token]
     assert fake.local is not None
     fake.local.leave()
 
 
-async def test_a_deadline_that_passes_while_held_gives_none() -> None:
+@NOT_QUEUED
+async def test_a_deadline_that_passes_while_held_gives_none(queues: bool) -> None:
     """A poller whose lock stays held gets None at its deadline, and passes the baton on."""
-    fake = FakeLease([HELD], notify=False)
+    queueing = not_queued(queues)
+    fake = FakeLease([HELD], queueing)
     call = Call()
     started = time.monotonic()
     assert await acquire(fake, 0.1, call) is None
     assert time.monotonic() - started >= 0.1
     assert len(fake.attempts) >= 2
-    assert fake.stopped == [call.token]
-    assert fake.left == fake.undone == []
+    assert fake.undone == []
+    if queueing is not None:
+        assert queueing.stopped == [call.token]
+        assert queueing.left == []
     assert baton_free(fake)
 
 
 async def test_a_queued_waiter_leaves_the_queue_at_its_deadline() -> None:
     """A queued waiter still held at its deadline gets None and takes its entry out."""
-    fake = FakeLease([HELD], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([HELD], queueing)
     call = Call()
     assert await acquire(fake, 0.1, call) is None
     assert len(fake.attempts) == 2  # (one at the start, one at the deadline)
-    assert fake.left == [call.token]
-    assert fake.subscription.closed
+    assert queueing.left == [call.token]
+    assert queueing.subscription.closed
     assert baton_free(fake)
 
 
-async def test_unanswered_at_the_deadline_raises_the_attempt_s_error() -> None:
+@NOT_QUEUED
+async def test_unanswered_at_the_deadline_raises_the_attempt_s_error(queues: bool) -> None:
     """No verdict at the deadline: the attempt's own error, never "not acquired"."""
     error = RedisTimeoutError("no answer from node 0")
-    fake = FakeLease([Unanswered(error)], notify=False)
+    queueing = not_queued(queues)
+    fake = FakeLease([Unanswered(error)], queueing)
     call = Call()
     with pytest.raises(RedisTimeoutError) as raised:
         await acquire(fake, 0.05, call)
     assert raised.value is error
     assert len(fake.attempts) >= 2  # (tried again while the deadline allowed)
-    assert fake.stopped == [call.token]
+    if queueing is not None:
+        assert queueing.stopped == [call.token]
     assert baton_free(fake)
 
 
@@ -698,7 +745,7 @@ async def waited_for_a_connection(fake: FakeLease, call: Call, deadline: float |
 )
 async def test_an_attempt_cut_off_at_the_deadline_raises(answer: Answer, message: str) -> None:
     """An attempt cut off at the deadline raises redis-py's TimeoutError saying why."""
-    fake = FakeLease([answer], notify=False)
+    fake = FakeLease([answer])
     call = Call()
     with pytest.raises(RedisTimeoutError, match=message):
         await acquire(fake, 0.05, call)
@@ -709,7 +756,7 @@ async def test_an_attempt_cut_off_at_the_deadline_raises(answer: Answer, message
 async def test_unanswered_for_a_whole_lease_raises_without_a_deadline() -> None:
     """Without a deadline, attempts unanswered for one whole lease raise the latest error."""
     error = RedisTimeoutError("no answer")
-    fake = FakeLease([Unanswered(error)], notify=False, ttl=0.1, span=0.1)
+    fake = FakeLease([Unanswered(error)], ttl=0.1, span=0.1)
     started = time.monotonic()
     with pytest.raises(RedisTimeoutError) as raised:
         await acquire(fake, None)
@@ -741,16 +788,17 @@ async def test_a_win_that_came_too_late_is_undone() -> None:
 
 async def test_a_queued_waiter_that_is_cancelled_leaves_the_queue() -> None:
     """Cancelled while it waits in the queue, the waiter leaves it and passes the baton on."""
-    fake = FakeLease([HELD], queues=True)
+    queueing = FakeQueueing()
+    fake = FakeLease([HELD], queueing)
     call = Call()
     task = asyncio.create_task(acquire(fake, None, call))
-    await asyncio.wait_for(fake.subscription.waiting.wait(), 5)
+    await asyncio.wait_for(queueing.subscription.waiting.wait(), 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert fake.left == [call.token]
+    assert queueing.left == [call.token]
     assert fake.undone == []
-    assert fake.subscription.closed
+    assert queueing.subscription.closed
     assert baton_free(fake)
 
 
@@ -762,13 +810,16 @@ async def cancelled_as_it_wins(fake: FakeLease, call: Call, deadline: float | No
     return (1, 0)
 
 
-async def test_a_win_whose_caller_was_cancelled_is_undone() -> None:
+@NOT_QUEUED
+async def test_a_win_whose_caller_was_cancelled_is_undone(queues: bool) -> None:
     """An attempt that won for a cancelled caller is undone, and the cancellation raised."""
-    fake = FakeLease([cancelled_as_it_wins])
+    queueing = not_queued(queues)
+    fake = FakeLease([cancelled_as_it_wins], queueing)
     call = Call()
     task = asyncio.create_task(acquire(fake, 5.0, call))
     with pytest.raises(asyncio.CancelledError):
         await task
     assert fake.undone == [call.token]
-    assert fake.stopped == [call.token]
+    if queueing is not None:
+        assert queueing.stopped == [call.token]
     assert baton_free(fake)
