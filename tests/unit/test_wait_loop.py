@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aiolock import backoff
-from aiolock._contend import (
+from aiolock._contend import Won, obtain
+from aiolock._decide import (
     Acquired,
     Cancelled,
     GiveUp,
@@ -43,9 +44,7 @@ from aiolock._contend import (
     Subscribe,
     UndoLateWin,
     WaitInQueue,
-    Won,
     decide,
-    obtain,
     poll_delay,
 )
 from aiolock._lease import NOT_HELD, RETRY, Call, Lease, Queueing, Reply, Unanswered
