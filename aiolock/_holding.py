@@ -118,6 +118,7 @@ class Holding:
         "capped",
         "depth",
         "due",
+        "ended",
         "entry",
         "extending",
         "fence",
@@ -127,8 +128,10 @@ class Holding:
         "hold_end",
         "lease",
         "lease_end",
+        "live",
         "loop",
         "loss_reason",
+        "lost",
         "name",
         "queue",
         "renewal",
@@ -180,6 +183,14 @@ class Holding:
         self.state = HELD
         #: Why it was lost; empty while it was not.
         self.loss_reason = ""
+        # What the state says, read on every acquisition and release: kept by the
+        # transitions below, and by nothing else.
+        #: Held: neither lost nor ended.
+        self.live = True
+        #: Forgotten locally: released, or given up.
+        self.ended = False
+        #: Declared lost, before its end or at its release.
+        self.lost = False
         #: Whether it still has its local queue's baton (the next local waiter's turn).
         self.has_baton = True
         #: Its first renewal point, or its lease end (``auto_renew=False``), while no
@@ -203,21 +214,6 @@ class Holding:
 
     # -- its state ---------------------------------------------------------------------
 
-    @property
-    def live(self) -> bool:
-        """Held: neither lost nor ended."""
-        return self.state is HELD
-
-    @property
-    def ended(self) -> bool:
-        """Forgotten locally: released, or given up."""
-        return self.state is ENDED
-
-    @property
-    def lost(self) -> bool:
-        """Declared lost, before its end or at its release."""
-        return self.loss_reason != ""
-
     def is_lost(self) -> bool:
         """Whether the holding has been declared lost (a method, so checkers re-read it)."""
         return self.loss_reason != ""
@@ -228,6 +224,8 @@ class Holding:
             return False
         self.state = LOST
         self.loss_reason = reason or "lost"
+        self.live = False
+        self.lost = True
         return True
 
     def end(self) -> bool:
@@ -235,6 +233,8 @@ class Holding:
         if self.state is ENDED:
             return False
         self.state = ENDED
+        self.live = False
+        self.ended = True
         return True
 
     def lost_at_release(self, reason: str) -> bool:
@@ -242,6 +242,7 @@ class Holding:
         if self.state is not ENDED or self.loss_reason:
             return False
         self.loss_reason = reason or "lost"
+        self.lost = True
         return True
 
     # -- its local queue's baton -------------------------------------------------------

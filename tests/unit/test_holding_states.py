@@ -25,7 +25,14 @@ async def a_holding() -> Holding:
 
 
 def facts(holding: Holding) -> tuple[State, bool, bool, bool]:
-    """Its state, whether it is live, ended, lost: read afresh at each call."""
+    """Its state, whether it is live, ended, lost: read afresh at each call.
+
+    (``live``, ``ended`` and ``lost`` are kept by the transitions beside the
+    state: each must say what the state says.)
+    """
+    assert holding.live is (holding.state is State.HELD)
+    assert holding.ended is (holding.state is State.ENDED)
+    assert holding.lost is holding.is_lost()
     return holding.state, holding.live, holding.ended, holding.is_lost()
 
 
