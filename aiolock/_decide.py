@@ -1,31 +1,22 @@
 """The wait loop's decisions: what a waiter knows after an attempt, and what it does next.
 
 The wait loop (:mod:`aiolock._contend`) performs; this module decides,
-without an ``await`` and without a server: after each attempt the loop
-writes down what the attempt returned and what the waiter knows (a
-:class:`Seen`), and :func:`decide` names what to do next (a :data:`Step`);
-a poll's pause is :func:`poll_delay`'s, its backoff steps :class:`Pacing`'s.
-``tests/unit/test_wait_loop.py`` calls them case by case.
-
-States and steps
-----------------
-
-The head of the local queue is in one of four states:
+without an ``await`` and without a server. The head of a local queue is in
+one of four states:
 
 * ATTEMPTING: one attempt on the server is in flight;
 * QUEUED: in the lock's queue on the server, waiting for its grant
-  (:func:`_wait_in_queue`);
-* PAUSED: polling, asleep until its next attempt (:func:`_pause`);
-* ENDED: it holds the lock (a :class:`Won`), gave up (None), or raised.
+  (:func:`aiolock._contend._wait_in_queue`);
+* PAUSED: polling, asleep until its next attempt (:func:`aiolock._contend._pause`);
+* ENDED: it holds the lock (a :class:`~aiolock._contend.Won`), gave up (None), or raised.
 
 After each attempt the loop writes down what the attempt returned and what
-the waiter knows (a :class:`Seen`), and the pure function :func:`decide`
-names what to do next (a :data:`Step`). The loop only performs the step,
-and every ``await`` is there; what to do after an attempt is decided in
-:func:`decide` alone (a poll's pause in :func:`poll_delay`), which tests
-call without a server. A wait in the queue and a pause keep small loops
-of their own (when to refresh the entry, when to look at the holder's
-lease), in :func:`_wait_in_queue` and :func:`_pause`::
+the waiter knows (a :class:`Seen`), and :func:`decide` names what to do
+next (a :data:`Step`); a poll's pause is :func:`poll_delay`'s, its backoff
+steps :class:`Pacing`'s. A wait in the queue and a pause keep small loops
+of their own in :mod:`aiolock._contend` (when to refresh the entry, when to
+look at the holder's lease). ``tests/unit/test_wait_loop.py`` calls these
+functions case by case::
 
     ATTEMPTING ──> Seen ──> decide ──> Step
 
