@@ -47,6 +47,7 @@ from support.leaks import in_use_connections, listeners_gone, other_tasks
 from support.locks import all_keys, keys_of
 from support.timing import Lateness, eventually
 
+import aiolock
 from aiolock import AsyncLock, LockError, LockLostError, backoff
 from aiolock._keys import Keys
 from aiolock._scripts import ACQUIRE, HANDOVER, RELEASE
@@ -560,16 +561,23 @@ async def test_restart_while_holding_breaks_exclusion_for_one_renewal_period_at_
 ) -> None:
     """SIGKILL and restart (empty data) under a holder: it learns of the loss within one renewal.
 
-    After a server restart the holder learns of the loss within one renewal
-    period (ttl/3, plus one retry of ttl/10: see :func:`learning_bound`), and
-    with ``cancel_on_lost=True`` its body is gone by then. The restarted
-    server hands the lock to another holder at once, so two holders overlap,
-    but for one renewal period at most. The fenced register loses no update
-    (the plain one does, and the count is reported), and it goes on
-    accepting the holders after the restart: their fences are still higher
-    than the stale holder's, although the counter died with the server. The
-    workload goes on after the restart; every error that reaches a caller is
-    redis-py's or aiolock's, with a message; no key, task or connection leaks.
+    After a server restart the holder learns of the loss from the server,
+    at its first renewal after the restart or at that renewal's one retry
+    (a pooled connection to the dead server fails once): at most one failed
+    renewal after the restart, and the loss is "the key was gone", not a
+    lease run out. On an idle machine that is within one renewal period
+    (ttl/3, plus one retry of ttl/10: see :func:`learning_bound`); on a
+    loaded one the same two renewals take longer, so the time is bounded by
+    the holder's own lease, the loop's measured lateness and a new
+    connection's time added. With ``cancel_on_lost=True`` its body is gone
+    by then. The restarted server hands the lock to another holder at once,
+    so two holders overlap, but no longer than the holder took to learn.
+    The fenced register loses no update (the plain one does, and the count
+    is reported), and it goes on accepting the holders after the restart:
+    their fences are still higher than the stale holder's, although the
+    counter died with the server. The workload goes on after the restart;
+    every error that reaches a caller is redis-py's or aiolock's, with a
+    message; no key, task or connection leaks.
     """
     ttl = 0.9
     srv, admin, work = scene.server, scene.admin, scene.work
@@ -585,18 +593,37 @@ async def test_restart_while_holding_breaks_exclusion_for_one_renewal_period_at_
         await admin.connection_pool.disconnect()  # its connection died with the old server
         connecting.append(await connect_time(srv.url))
 
-    async with Lateness() as late:
-        await through_a_fault(
-            scene, long_lock, restart, after_loss=lambda: accepted.append(work.fenced.accepted)
-        )
+    seen: list[tuple[str, float, str]] = []  # the long lock's renewals and loss
+
+    def observe(event: aiolock.LockEvent) -> None:
+        if event.lock is long_lock and event.kind in ("renewed", "renewal_failed", "lost"):
+            seen.append((event.kind, time.monotonic(), event.reason or str(event.error or "")))
+
+    aiolock.add_observer(observe)
+    try:
+        async with Lateness() as late:
+            await through_a_fault(
+                scene, long_lock, restart, after_loss=lambda: accepted.append(work.fenced.accepted)
+            )
+    finally:
+        aiolock.remove_observer(observe)
     figures = scene.verdict("restart while holding", long_lock)
     learned = work.losses[0][1] - restarted[0]
-    # The load of the machine meanwhile (the loop's timers late, summed, and a new
-    # connection's time then) adds to the bound.
+    after = [
+        (kind, round(at - restarted[0], 3), why) for kind, at, why in seen if at >= restarted[0]
+    ]
+    story = f"after the restart: {after}; {figures}"
+    assert [kind for kind, _, _ in after][-1:] == ["lost"], story
+    assert [kind for kind, _, _ in after].count("renewal_failed") <= 1, story
+    assert after[-1][2].startswith("the key was gone"), story  # a renewal found it
+    # How long that took: one renewal period and a retry on an idle machine; the load
+    # (the loop's timers late, summed, and a new connection's time then) adds to it.
     late_by = late.between(restarted[0], work.losses[0][1])
     bound = learning_bound(ttl) + late_by + connecting[0]
-    assert learned <= bound, f"learned {learned:.3f} s after (bound {bound:.3f} s); {figures}"
-    assert work.mutex.overlap_span <= bound, figures
+    if learned > bound:
+        # (Still the first renewal or its retry, as asserted above: slower, not later.)
+        assert learned <= ttl + late_by + connecting[0], f"learned {learned:.3f} s after; {story}"
+    assert work.mutex.overlap_span <= learned + SLACK + late_by, figures
     assert work.fenced.lost == 0, figures
     assert work.fenced.accepted - accepted[0] >= PHASE, f"fences went back; {figures}"
     assert await admin.get(fence_key(long_lock)) is not None, "the fencing counter is gone"
