@@ -1391,19 +1391,25 @@ async def test_not_acquiring_in_time_is_reported(
 async def test_a_cancelled_acquire_is_not_acquired_with_the_cancellation(
     subject: Subject, events: list[LockEvent]
 ) -> None:
-    """asyncio.timeout around async with: one 'not_acquired' whose error is the cancellation."""
+    """asyncio.timeout around async with: one 'not_acquired' whose error is the cancellation.
+
+    It says it was contended: an attempt found the holder within the 0.2 s
+    (unless no attempt was answered in time, which a ``PING`` to the
+    servers taking 0.1 s or more meanwhile shows: a loaded machine).
+    """
     holder = subject.make_holder(ttl=5.0)
     assert await holder.acquire()
     lock = subject.make_lock(ttl=5.0)
     try:
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.2), lock:
-                pass
+        async with Answers(*(s.url for s in subject.servers)) as answers:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2), lock:
+                    pass
     finally:
         await holder.release()
     miss = the_miss(events, lock)
     assert isinstance(miss.error, asyncio.CancelledError)
-    assert miss.contended is True
+    assert miss.contended is True or answers.slowest() >= 0.1, (miss, answers.slowest())
     assert miss.waited is not None
     assert miss.waited >= 0.15
 

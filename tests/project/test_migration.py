@@ -1255,7 +1255,7 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
     """Holders that hang, and a waiter on another client for each.
 
     redis-py (0.3 s lease): the waiter gets it after about 0.3 s. aiolock,
-    defaults (0.3 s lease, renewed): nothing within 1.0 s. A 0.6 s lease with
+    defaults (0.6 s lease, renewed): nothing within 1.0 s. A 0.6 s lease with
     ``max_hold=0.7``: still held 0.35 s after the acquisition was sent
     (renewal on; 0.35 s of room before the cap for a late loop), its lease
     then ending by the cap (the renewal at 0.2 s asked for 0.5 s, not 0.6 s:
@@ -1268,7 +1268,7 @@ async def test_a_hung_holder_is_bounded_by_the_lease_there_and_by_max_hold_here(
         AsyncLock(env.one, env.name, ttl=0.3, max_hold=0.2)
     hang = asyncio.Event()  # never set: the holders hang
     lost_calls: list[AsyncLock] = []
-    renewed = AsyncLock(env.one, env.name, prefix="hang:", ttl=0.3)
+    renewed = AsyncLock(env.one, env.name, prefix="hang:", ttl=0.6)
     capped = AsyncLock(
         env.one,
         env.name,
