@@ -250,6 +250,10 @@ class Renewer:
         heap = self._heap
         batches: dict[Hashable, list[Extension]] = {}
         members: dict[Hashable, list[_Member]] = {}
+        # Capped holdings met early (their lease ends at the cap, within the early
+        # share): back in the heap once this pass is over, not during it, where the
+        # pass would meet them again at once, and for ever.
+        later: list[Holding] = []
         while heap:
             due, entry, holding = heap[0]
             if holding.entry != entry:
@@ -261,7 +265,7 @@ class Renewer:
             holding.entry = -1
             if holding.extending:
                 continue  # the holder's extend() puts it back when it ends
-            item = self._ask(holding, now)
+            item = self._ask(holding, now, later)
             if item is None:
                 continue
             lease = holding.lease
@@ -273,9 +277,15 @@ class Renewer:
                 self._fly(batches.pop(key), members.pop(key))
         for key, batch in batches.items():
             self._fly(batch, members[key])
+        for holding in later:
+            self._push(holding, holding.next_due())
 
-    def _ask(self, holding: Holding, now: float) -> _Member | None:
-        """What to ask for ``holding`` now; None when it needs no renewal (lost, capped)."""
+    def _ask(self, holding: Holding, now: float, later: list[Holding]) -> _Member | None:
+        """What to ask for ``holding`` now; None when it needs no renewal (lost, capped).
+
+        A capped holding whose cap is not reached yet goes to ``later``: the
+        renewer looks at it again at its cap.
+        """
         if not holding.live:
             self.remove(holding)
             return None
@@ -289,7 +299,7 @@ class Renewer:
             _declare_lost(holding, "the lease ran out before it could be renewed")
             return None
         if holding.capped:
-            self._push(holding, holding.next_due())
+            later.append(holding)
             return None
         # Both read now: an extend() that ends while this renewal is in flight changes
         # them, and the renewal's late reply must not mix its lease with the extend's.
