@@ -338,36 +338,31 @@ class Wire:
         goes out. ``urgent``: first in line for a slot of the client (a renewal).
         """
         try:
-            ahead = AHEAD.get()
-            if (
-                ahead is not None
-                and not ahead.used
-                and ahead.gate is self._gate
-                and ahead.task is asyncio.current_task()
-            ):
-                ahead.used = True  # this command goes out on the slot taken ahead
-            else:
-                if trace is not None:
-                    trace.waiting = True
-                await self._gate.enter(urgent)
-                if trace is not None:
-                    trace.waiting = False
-            try:
-                if self._direct:
-                    return await self._send_direct(args, once, trace)
-                if trace is not None:
-                    trace.reached = True  # not known: assume the worst
-                if once and self.cluster and key is not None:
-                    return await self._send_to_node(args, key)
-                return await self.client.execute_command(*args)
-            finally:
-                self._gate.leave()
-        except (RuntimeError, AttributeError, KeyError) as exc:
-            # (Translating's rule, written out: this is the path of every command.)
-            error = translated(exc, self.cluster)
-            if error is exc:
-                raise
-            raise error from None
+            with self.translating:
+                ahead = AHEAD.get()
+                if (
+                    ahead is not None
+                    and not ahead.used
+                    and ahead.gate is self._gate
+                    and ahead.task is asyncio.current_task()
+                ):
+                    ahead.used = True  # this command goes out on the slot taken ahead
+                else:
+                    if trace is not None:
+                        trace.waiting = True
+                    await self._gate.enter(urgent)
+                    if trace is not None:
+                        trace.waiting = False
+                try:
+                    if self._direct:
+                        return await self._send_direct(args, once, trace)
+                    if trace is not None:
+                        trace.reached = True  # not known: assume the worst
+                    if once and self.cluster and key is not None:
+                        return await self._send_to_node(args, key)
+                    return await self.client.execute_command(*args)
+                finally:
+                    self._gate.leave()
         except ResponseError as exc:
             if isinstance(exc, NoPermissionError) or str(exc).startswith("ACL failure"):
                 # (A script's refused command is a plain "ACL failure in script" error.)
