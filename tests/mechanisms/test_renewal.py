@@ -439,18 +439,25 @@ async def test_unreachable_server_loss_declared_by_lease_end(
     proxy: FaultProxy,
     proxied: redis.Redis,
     admin: redis.Redis,
+    server: RedisServer,
     name: str,
     caplog: pytest.LogCaptureFixture,
     no_leaks: None,
 ) -> None:
-    """A black-holed holder declares the loss by the lease end of its last renewal, warning."""
+    """A black-holed holder declares the loss by the lease end of its last renewal, warning.
+
+    It may declare it before ``before + ttl`` by as long as a command then
+    took to reach the server (the slowest ``PING`` meanwhile): it counts its
+    lease from when it sent the renewal, which the server ran after ``before``.
+    """
     ttl = 0.5
     c = proxied
     lock, losses = watched(c, name, ttl=ttl)
 
     async def body() -> None:
         token = await admin.get(lock.key)
-        before, after = await _wait_for_renewal(admin, lock.key, via=proxy)
+        async with Answers(server.url) as answers:
+            before, after = await _wait_for_renewal(admin, lock.key, via=proxy)
         proxy.black_hole()
         # The last renewal that worked ran on the server between `before` and `after`
         # (polled every ~2 ms), so the holder sent it before `after`. The server expires
@@ -461,7 +468,8 @@ async def test_unreachable_server_loss_declared_by_lease_end(
         assert late <= SLACK, f"loss declared {late:.3f} s after the lease end"
         # And it does not give up early: it keeps trying until the lease end.
         early = (before + ttl) - lost_at
-        assert early <= 0.05, f"loss declared {early:.3f} s before the lease end"
+        allowed = 0.05 + answers.slowest()
+        assert early <= allowed, f"loss declared {early:.3f} s before the lease end ({allowed=})"
         assert await admin.get(lock.key) in (token, None)
         await _wait_until_gone(admin, lock.key, timeout=0.5)
 
