@@ -893,10 +893,12 @@ async def test_holdings_in_many_slots_are_renewed_in_one_pipeline_per_master(
     the calls due together go out in one pipeline, each master its share on
     one connection. Every holding is renewed (none lost, every lease longer
     than it would be unrenewed), each master runs one renewal call per
-    holding of its slots per round, and the client never has more than two
-    connections open to a master: sent one by one, the sixty calls of a
-    round would open about twenty to each. A member whose key goes is lost
-    alone.
+    holding of its slots per round, and the client never has more than three
+    connections open to a master (the one its topology discovery opened, the
+    renewals' pipeline, and this test's PTTL reads while a pipeline is in
+    flight, which a loaded machine makes likely): sent one by one, the sixty
+    calls of a round would open about twenty to each. A member whose key
+    goes is lost alone.
     """
     client = clients(cluster)
     await client.initialize()
@@ -921,7 +923,7 @@ async def test_holdings_in_many_slots_are_renewed_in_one_pipeline_per_master(
         pttls = [await client.pttl(lock.key) for lock in locks]
         assert min(pttls) > 1500 - 1200 + 100, pttls  # renewed (unrenewed: under 300 ms)
         open_to = await clients.connections()
-        assert max(len(found) for found in open_to.values()) <= 2, open_to
+        assert max(len(found) for found in open_to.values()) <= 3, open_to
         assert lost == []
         # One member's key gone: it alone is lost, at its next renewal; the others of
         # its pipeline (and of its master) renew on.
@@ -932,8 +934,8 @@ async def test_holdings_in_many_slots_are_renewed_in_one_pipeline_per_master(
         assert [lock.lost for lock in locks].count(True) == 1
         assert locks[7].lost
     finally:
-        for i, lock in enumerate(locks):
-            if i == 7:
+        for lock in locks:
+            if lock.lost:  # (only the member whose key went, unless a check above failed)
                 with pytest.raises(LockLostError):
                     await lock.release()
             else:
