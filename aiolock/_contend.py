@@ -290,8 +290,9 @@ async def _contend(
                     assert reply is not None  # noqa: S101 - a win is a reply
                     got = Won(call.token, sent, reply[1], queue, handed=False, timer=timer)
                     # No longer waiting in the queue. (Cancelled meanwhile, this raises: the
-                    # `finally` below sees no win and leaves, which frees the lock.)
-                    if queueing is not None:
+                    # `finally` below sees no win and leaves, which frees the lock.) A call
+                    # whose only attempt did not queue it never waited there.
+                    if queueing is not None and (call.queued or call.attempts > 1):
                         await queueing.stop_waiting(call)
                     won = got
                     return won

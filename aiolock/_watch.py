@@ -313,7 +313,11 @@ class Watch(Holdings):
             holding.depth -= 1
             return
         baseline = task.cancelling()
-        ahead = None if holding.lost else await slot_ahead(self._lease, holding.loop, task)
+        ahead = None
+        if not holding.lost:
+            waiting = slot_ahead(self._lease, holding.loop, task)
+            if waiting is not None:
+                ahead = await waiting
         try:
             if holding.ended:  # released meanwhile, by another task sharing the holding
                 raise LockNotOwnedError(f"lock {self._name!r} is not held")

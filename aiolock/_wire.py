@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol, cast, final
 
@@ -606,21 +606,27 @@ class Wire:
         return bool(await self._send(("EXISTS", key)))
 
 
-async def slot_ahead(
+def slot_ahead(
     lease: object, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]
-) -> Ahead | None:
-    """For a release: wait for a slot of the lease's client, its holding renewed meanwhile.
+) -> Awaitable[Ahead | None] | None:
+    """For a release: a wait for a slot of the lease's client, its holding renewed meanwhile.
 
     Behind thousands of other commands of the client (a service releasing
     everything it holds at once), the release waits in the process's line
     with its holding still renewed, so that its lease does not run out in
-    line. None when nothing is in line (the release goes out at once), or
-    when it was cancelled while it waited (the release goes on as it would
-    have without it, and is cancelled at its end).
+    line. None when nothing is in line (the release goes out at once); else
+    the wait, which gives the slot, or None when it was cancelled while it
+    waited (the release goes on as it would have without it, and is
+    cancelled at its end).
     """
     wire = getattr(lease, "wire", None)
     if not isinstance(wire, Wire) or not wire.crowded(loop):
         return None
+    return _wait_ahead(wire, task)
+
+
+async def _wait_ahead(wire: Wire, task: asyncio.Task[Any]) -> Ahead | None:
+    """Wait in line for a slot of ``wire`` for ``task``; None if cancelled meanwhile."""
     try:
         return await wire.ahead(task)
     except asyncio.CancelledError:

@@ -554,7 +554,9 @@ class FakeLease:
         if isinstance(answer, BaseException):
             raise answer
         queueing = self.queueing
-        if answer is not None and answer[0] == 0 and queue_up:
+        if answer is not None and queue_up:
+            # (As the one-server lease's scripted attempt: asked to queue up, it may be queued
+            # from then on, and its keeper knows the token, whatever the answer.)
             assert queueing is not None  # (the loop asks only a lease that queues to queue up)
             if queueing.enters:
                 call.queued = True
@@ -608,6 +610,20 @@ async def test_a_first_attempt_that_wins_holds() -> None:
     assert queueing.subscribed == 0
     assert fake.local is not None
     assert fake.local.owner is asyncio.current_task()
+    fake.local.leave()
+
+
+async def test_a_first_attempt_that_did_not_queue_wins_without_a_word_to_the_queue() -> None:
+    """A win at a first attempt that could not queue the caller (``timeout=0``): no stop_waiting."""
+    queueing = FakeQueueing()
+    fake = FakeLease([(1, 3)], queueing)
+    call = Call()
+    won = await acquire(fake, 0.0, call)
+    assert won is not None
+    assert fake.attempts == [(fake.attempts[0][0], False)]
+    assert not call.queued
+    assert queueing.stopped == queueing.left == []
+    assert fake.local is not None
     fake.local.leave()
 
 
