@@ -162,7 +162,7 @@ class Translating:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if isinstance(exc, RuntimeError | AttributeError | KeyError):
+        if exc is not None and isinstance(exc, RuntimeError | AttributeError | KeyError):
             error = translated(exc, self.cluster)
             if error is not exc:
                 raise error from None
