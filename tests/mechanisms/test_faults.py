@@ -45,7 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from support import timing
 from support.leaks import in_use_connections, listeners_gone, other_tasks
 from support.locks import all_keys, keys_of
-from support.timing import Lateness, eventually
+from support.timing import Answers, Lateness, eventually
 
 import aiolock
 from aiolock import AsyncLock, LockError, LockLostError, backoff
@@ -858,9 +858,10 @@ async def test_blocked_loop_loses_updates_that_only_the_fence_keeps(
     workers = [asyncio.create_task(work.work(lock)) for lock in locks]
     try:
         try:
-            await work.reach(PHASE)
-            seen = await other_loop.run(pausing_holder(server.url, name, ttl, blocks, work))
-            await stop_all(work, workers, timeout=5.0)
+            async with Answers(server.url) as answers, Lateness() as lateness:
+                await work.reach(PHASE)
+                seen = await other_loop.run(pausing_holder(server.url, name, ttl, blocks, work))
+                await stop_all(work, workers, timeout=5.0)
         finally:
             await cancel_all(workers)
             other_loop.close()
@@ -869,8 +870,15 @@ async def test_blocked_loop_loses_updates_that_only_the_fence_keeps(
         assert seen.outcomes == expected, f"blocks {blocks}: {seen.outcomes}; {figures}"
         assert max(seen.exit_after_unblock) < SLACK, seen.exit_after_unblock
         assert foreign_errors([*work.errors, *seen.errors]) == [], figures
-        assert work.losses == [], f"another holder lost its lock; {figures}"
-        assert work.lost_at_exit == 0, figures
+        # The others renew every ttl/3: one of them loses its lease only when this
+        # loop or the server stood still for the other two thirds. A machine loaded
+        # that much shows it in a PING or in a late timer; short of that, a loss is
+        # the blocked holder's doing (it touched a key it no longer owned).
+        stood = max(answers.slowest(), lateness.most())
+        stalled = stood > ttl / 3
+        figures += f"; longest stand-still {stood * 1000:.0f} ms"
+        assert work.losses == [] or stalled, f"another holder lost its lock; {figures}"
+        assert work.lost_at_exit == 0 or stalled, figures
         assert work.plain.lost >= 1, figures
         assert work.fenced.lost == 0, figures
         assert work.fenced.rejected >= 1, figures

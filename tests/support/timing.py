@@ -75,6 +75,10 @@ class Lateness:
         """The lateness of the ticks that woke from ``start`` to ``end`` (monotonic), summed."""
         return sum(late for woke, late in self._ticks if start <= woke <= end + self.tick)
 
+    def most(self) -> float:
+        """The lateness of the latest tick (seconds): the longest this loop stood still."""
+        return max((late for _, late in self._ticks), default=0.0)
+
 
 class Answers:
     """How long servers take to answer a ``PING`` while a test runs, as this loop sees it.
