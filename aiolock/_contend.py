@@ -87,11 +87,13 @@ from ._decide import (
     RaiseUnanswered,
     RetryNow,
     Seen,
+    Step,
     Subscribe,
     UndoLateWin,
     WaitInQueue,
     decide,
     poll_delay,
+    wins_at_once,
 )
 from ._lease import Call, Lease, Queueing, Reply, Unanswered
 from ._notify import Subscription
@@ -104,6 +106,7 @@ __all__ = ["WATCH_SLACK", "Won", "obtain"]
 WATCH_SLACK: Final = 0.002
 #: The steps that still judge whether the attempt won (a win keeps its spare timer).
 _JUDGING_WIN: Final = (Cancelled, UndoLateWin)
+_ACQUIRED: Final = Acquired()
 _UNASKED: Final = Notifications.UNASKED
 _LIVE: Final = Notifications.LIVE
 _DOWN: Final = Notifications.DOWN
@@ -263,28 +266,32 @@ async def _contend(
             elif late_since is None:
                 late_since = now
             cancelled = task.cancelling() > baseline
-            notifications = _UNASKED if subscription is None else _listening(subscription)
-            no_connection = call.waiting and not call.reached
-            # (Every argument is named as its field, in the fields' order.)
-            seen = Seen(
-                reply,
-                unanswered,
-                late_since,
-                cancelled,
-                sent,
-                now,
-                deadline,
-                lease.span,
-                lease.ttl,
-                call.queued,
-                foreign,
-                notifications,
-                no_connection,
-            )
+            step: Step
+            if wins_at_once(reply, unanswered, cancelled, sent, now, lease.span):
+                step = _ACQUIRED  # (what decide says, without writing down the rest)
+            else:
+                notifications = _UNASKED if subscription is None else _listening(subscription)
+                no_connection = call.waiting and not call.reached
+                # (Every argument is named as its field, in the fields' order.)
+                seen = Seen(
+                    reply,
+                    unanswered,
+                    late_since,
+                    cancelled,
+                    sent,
+                    now,
+                    deadline,
+                    lease.span,
+                    lease.ttl,
+                    call.queued,
+                    foreign,
+                    notifications,
+                    no_connection,
+                )
+                step = decide(seen)
             # Perform the step. A step that changes what the waiter knows (an undo, a
             # subscription) judges the same attempt again; the others end the call, or
             # lead to the next attempt (break).
-            step = decide(seen)
             while True:
                 if isinstance(step, Acquired):
                     assert reply is not None  # noqa: S101 - a win is a reply

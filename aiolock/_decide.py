@@ -65,6 +65,7 @@ __all__ = [
     "WaitInQueue",
     "decide",
     "poll_delay",
+    "wins_at_once",
 ]
 
 
@@ -293,6 +294,29 @@ def decide(seen: Seen) -> Step:
         if seen.notifications is _LIVE:
             return WaitInQueue(pttl)
     return Poll(pttl)
+
+
+def wins_at_once(
+    reply: Reply | None,
+    unanswered: Exception | None,
+    cancelled: bool,
+    sent: float,
+    now: float,
+    span: float,
+) -> bool:
+    """Whether :func:`decide` would say :class:`Acquired`, told without a :class:`Seen`.
+
+    The hot path: an answered attempt that won within its lease, its caller
+    not cancelled (rules 2 and 3). Every other answer needs the whole
+    :class:`Seen`; where this says True, :func:`decide` says ``Acquired``.
+    """
+    return (
+        unanswered is None
+        and not cancelled
+        and reply is not None
+        and reply[0] != 0
+        and now < sent + span
+    )
 
 
 def poll_delay(step: float, pttl: int, deadline: float | None, now: float) -> float:

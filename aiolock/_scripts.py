@@ -373,6 +373,7 @@ class Bound:
         "_key_plan",
         "_keys",
         "_needed",
+        "_only",
         "script",
     )
 
@@ -389,6 +390,12 @@ class Bound:
         # The arguments with the fixed ones in place, and where each given one goes.
         self._args = [v if known else None for known, v in self._arg_plan]
         self._arg_fill = tuple((i, v) for i, (known, v) in enumerate(self._arg_plan) if not known)
+        # With every key fixed and one argument left: the keys, and the arguments
+        # before and after that one.
+        self._only: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
+        if self._keys is not None and script.more_args is None and len(self._arg_fill) == 1:
+            [(at, _)] = self._arg_fill
+            self._only = (self._keys, tuple(self._args[:at]), tuple(self._args[at + 1 :]))
 
     def call(self, **values: Any) -> Call:
         """The ``KEYS`` and ``ARGV`` of one call: the fixed values and ``values``.
@@ -417,6 +424,21 @@ class Bound:
         except KeyError:
             self._refuse(values)
         return keys, tuple(args)
+
+    def only(self, value: Any) -> Call:
+        """:meth:`call` where one argument is left to give: ``value`` is it (the hot path).
+
+        Raises:
+            TypeError: more (or less) than one argument is left, or a key is.
+        """
+        only = self._only
+        if only is None:
+            raise TypeError(
+                f"{self.script.name}: only() needs every key bound and one argument left; "
+                f"left: {sorted(self._needed)}"
+            )
+        keys, before, after = only
+        return keys, (*before, value, *after)
 
     def _refuse(self, values: dict[str, Any]) -> NoReturn:
         again = sorted(values.keys() & self._fixed.keys())

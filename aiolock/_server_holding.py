@@ -99,7 +99,7 @@ class ServerHolding(ServerState):
         released; nothing else can tell the two apart.)
         """
         script = self._release.script
-        keys, args = self._release.call(token=token)
+        keys, args = self._release.only(token)  # (the one argument left: the token)
         try:
             return await self.wire.run(script, keys, args, once=True)
         except ReplyLost as lost:

@@ -138,6 +138,10 @@ def translated(exc: BaseException, cluster: bool = False) -> BaseException:
     return error
 
 
+#: What may escape redis-py untranslated (:func:`translated` tells which ones it does).
+STRAY: Final = (RuntimeError, AttributeError, KeyError)
+
+
 @final
 class Translating:
     """``with``: what escapes redis-py untranslated leaves as redis-py's own error.
@@ -162,7 +166,7 @@ class Translating:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and isinstance(exc, RuntimeError | AttributeError | KeyError):
+        if exc is not None and isinstance(exc, STRAY):
             error = translated(exc, self.cluster)
             if error is not exc:
                 raise error from None
@@ -301,10 +305,6 @@ class Wire:
             with self.translating:
                 await self.client.initialize()
 
-    def crowded(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether a command sent now from ``loop`` would wait in line for a slot."""
-        return self._gate.full(loop)
-
     async def ahead(self, task: asyncio.Task[Any]) -> Ahead:
         """Wait in line for a slot of the client, and keep it for ``task``'s next command.
 
@@ -337,32 +337,37 @@ class Wire:
         ``once`` command to its node). ``trace`` is told when the command
         goes out. ``urgent``: first in line for a slot of the client (a renewal).
         """
+        # (What Translating does, as an except clause: the hot path enters no context.)
         try:
-            with self.translating:
-                ahead = AHEAD.get()
-                if (
-                    ahead is not None
-                    and not ahead.used
-                    and ahead.gate is self._gate
-                    and ahead.task is asyncio.current_task()
-                ):
-                    ahead.used = True  # this command goes out on the slot taken ahead
-                else:
-                    if trace is not None:
-                        trace.waiting = True
-                    await self._gate.enter(urgent)
-                    if trace is not None:
-                        trace.waiting = False
-                try:
-                    if self._direct:
-                        return await self._send_direct(args, once, trace)
-                    if trace is not None:
-                        trace.reached = True  # not known: assume the worst
-                    if once and self.cluster and key is not None:
-                        return await self._send_to_node(args, key)
-                    return await self.client.execute_command(*args)
-                finally:
-                    self._gate.leave()
+            ahead = AHEAD.get()
+            if (
+                ahead is not None
+                and not ahead.used
+                and ahead.gate is self._gate
+                and ahead.task is asyncio.current_task()
+            ):
+                ahead.used = True  # this command goes out on the slot taken ahead
+            else:
+                if trace is not None:
+                    trace.waiting = True
+                await self._gate.enter(urgent)
+                if trace is not None:
+                    trace.waiting = False
+            try:
+                if self._direct:
+                    return await self._send_direct(args, once, trace)
+                if trace is not None:
+                    trace.reached = True  # not known: assume the worst
+                if once and self.cluster and key is not None:
+                    return await self._send_to_node(args, key)
+                return await self.client.execute_command(*args)
+            finally:
+                self._gate.leave()
+        except STRAY as exc:
+            error = translated(exc, self.cluster)
+            if error is not exc:
+                raise error from None
+            raise
         except ResponseError as exc:
             if isinstance(exc, NoPermissionError) or str(exc).startswith("ACL failure"):
                 # (A script's refused command is a plain "ACL failure in script" error.)
@@ -620,7 +625,7 @@ def slot_ahead(
     cancelled at its end).
     """
     wire = getattr(lease, "wire", None)
-    if not isinstance(wire, Wire) or not wire.crowded(loop):
+    if not isinstance(wire, Wire) or not wire._gate.full(loop):  # (would a command wait?)
         return None
     return _wait_ahead(wire, task)
 

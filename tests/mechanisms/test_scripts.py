@@ -1153,6 +1153,18 @@ def test_a_bound_script_fills_in_its_fixed_names() -> None:
     assert bound.call(token=T) == (("l", "q"), ("t", "c", "1", "3"))
 
 
+def test_only_gives_the_one_argument_left_where_call_would_put_it() -> None:
+    """only(v) is call(name=v) with every key bound and one argument left; else a TypeError."""
+    sem = SEMAPHORE_RELEASE.bind(lock="l", queue="q", channel="c", sharded="1", limit="3")
+    assert sem.only(T) == sem.call(token=T) == (("l", "q"), ("t", "c", "1", "3"))
+    last = SEMAPHORE_RELEASE.bind(lock="l", queue="q", token=T, channel="c", sharded="1")
+    assert last.only("3") == last.call(limit="3")
+    with pytest.raises(TypeError, match=r"only\(\) needs every key bound and one argument left"):
+        SEMAPHORE_RELEASE.bind(lock="l", queue="q", channel="c", sharded="1").only(T)
+    with pytest.raises(TypeError, match=r"left: \['lock', 'token'\]"):
+        SEMAPHORE_RELEASE.bind(queue="q", channel="c", sharded="1", limit="3").only(T)
+
+
 @pytest.mark.parametrize(
     ("header", "said"),
     [

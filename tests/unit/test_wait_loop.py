@@ -46,6 +46,7 @@ from aiolock._decide import (
     WaitInQueue,
     decide,
     poll_delay,
+    wins_at_once,
 )
 from aiolock._lease import NOT_HELD, RETRY, Call, Lease, Queueing, Reply, Unanswered
 from aiolock._notify import Subscription
@@ -308,6 +309,17 @@ def test_a_win_within_its_lease_is_acquired(s: Seen) -> None:
         assert won
         assert not s.cancelled
         assert s.now < s.sent + s.span
+
+
+@PROPERTY
+@given(s=seens())
+def test_the_hot_path_s_shortcut_agrees_with_decide(s: Seen) -> None:
+    """wins_at_once is decide's Acquired for every answered attempt, and never more."""
+    at_once = wins_at_once(s.reply, s.unanswered, s.cancelled, s.sent, s.now, s.span)
+    if at_once:
+        assert isinstance(decide(s), Acquired)
+    if s.unanswered is None:
+        assert at_once == isinstance(decide(s), Acquired)
 
 
 @PROPERTY
