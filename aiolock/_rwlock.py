@@ -14,7 +14,7 @@ readers that come after it wait behind it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Literal, Never, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Never, final
 
 from redis.asyncio import Redis
 
@@ -77,19 +77,20 @@ class RWLease(ServerLease):
         # An attempt's -1 means no lease end known; another library's key is a WRONGTYPE.
         self.foreign_without_expiry = False
 
-    def _bind(self) -> None:
-        """Bind the names of the read-write scripts (see :meth:`ServerLease._bind`)."""
+    def _named(self) -> dict[str, Any]:
+        """The values of the names the read-write scripts share (see :meth:`ServerLease._bind`)."""
         keys = self.keys
-        named = {
+        return {
             "lock": keys.lock,
             "queue": keys.queue,
             "index": self._index,
             "channel": keys.channel,
             "sharded": self._sharded,
         }
-        self._acquire = self._ACQUIRE.bind(**named, kind=self.kind)
-        self._release = self._RELEASE.bind(**named)
-        self._leave = self._LEAVE.bind(**named)
+
+    def _acquire_named(self) -> dict[str, Any]:
+        """The acquire script's own name: which side acquires."""
+        return {"kind": self.kind}
 
     async def _state(self, token: str, asking: str = "") -> tuple[int, bool, int, bool]:
         keys, args = RW_STATE.call(lock=self.key, index=self._index, token=token, asking=asking)

@@ -267,7 +267,17 @@ class Script:
         header: its name and the names of its keys and arguments.
     """
 
-    __slots__ = ("_names", "args", "keys", "more_args", "more_keys", "name", "sha", "text")
+    __slots__ = (
+        "_names",
+        "_plans",
+        "args",
+        "keys",
+        "more_args",
+        "more_keys",
+        "name",
+        "sha",
+        "text",
+    )
 
     def __init__(self, text: str, header: Header) -> None:
         #: The Lua source.
@@ -286,6 +296,8 @@ class Script:
         self.more_args = header.more_args
         more = {n for n in (header.more_keys, header.more_args) if n is not None}
         self._names = frozenset((*header.keys, *header.args, *more))
+        # One plan for each set of names bound (shared by every lease that binds them).
+        self._plans: dict[frozenset[str], Plan] = {}
 
     @classmethod
     def load(cls, path: str) -> Script:
@@ -323,7 +335,11 @@ class Script:
         unknown = values.keys() - self._names
         if unknown:
             raise TypeError(f"{self.name} has no key or argument named {sorted(unknown)}")
-        return Bound(self, values)
+        names = frozenset(values)
+        plan = self._plans.get(names)
+        if plan is None:
+            plan = self._plans[names] = Plan(self, names)
+        return Bound(plan, values)
 
     def _mismatch(self, given: Iterable[str]) -> TypeError:
         names = set(given)
@@ -358,44 +374,78 @@ class Script:
 
 
 @final
-class Bound:
-    """A script with the values of some of its names fixed (:meth:`Script.bind`).
+class Plan:
+    """Where each key and argument of a script comes from, for one set of bound names.
 
-    The order of the keys and arguments is worked out once, here: a call
-    only fills in the names it gives.
+    Worked out once per script and set of names, and shared by every
+    :class:`Bound` that binds them: thousands of leases of one kind hold one
+    plan, and each only its values.
     """
 
     __slots__ = (
-        "_arg_fill",
-        "_arg_plan",
-        "_args",
-        "_fixed",
-        "_key_plan",
-        "_keys",
-        "_needed",
-        "_only",
+        "arg_fill",
+        "arg_plan",
+        "every_key",
+        "fixed",
+        "index",
+        "key_plan",
+        "needed",
+        "only_at",
         "script",
     )
 
-    def __init__(self, script: Script, fixed: dict[str, Any]) -> None:
+    def __init__(self, script: Script, fixed: frozenset[str]) -> None:
         #: The script.
         self.script = script
-        self._fixed = fixed
-        self._needed = script._names - fixed.keys()
-        # Each key and argument in order: (True, its fixed value) or (False, its name).
-        self._key_plan = tuple((n in fixed, fixed.get(n, n)) for n in script.keys)
-        self._arg_plan = tuple((n in fixed, fixed.get(n, n)) for n in script.args)
-        every_key = all(known for known, _ in self._key_plan) and script.more_keys is None
-        self._keys = tuple(v for _, v in self._key_plan) if every_key else None
-        # The arguments with the fixed ones in place, and where each given one goes.
-        self._args = [v if known else None for known, v in self._arg_plan]
-        self._arg_fill = tuple((i, v) for i, (known, v) in enumerate(self._arg_plan) if not known)
-        # With every key fixed and one argument left: the keys, and the arguments
-        # before and after that one.
-        self._only: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
-        if self._keys is not None and script.more_args is None and len(self._arg_fill) == 1:
-            [(at, _)] = self._arg_fill
-            self._only = (self._keys, tuple(self._args[:at]), tuple(self._args[at + 1 :]))
+        #: The bound names, in the order a :class:`Bound` keeps their values.
+        self.fixed = tuple(sorted(fixed))
+        #: Where each bound name's value is in that order.
+        self.index = {name: i for i, name in enumerate(self.fixed)}
+        #: The names a call gives.
+        self.needed = script._names - fixed
+        # Each key and argument in order: (True, where its bound value is) or (False, its name).
+        index = self.index
+        self.key_plan: tuple[tuple[bool, Any], ...] = tuple(
+            (n in fixed, index.get(n, n)) for n in script.keys
+        )
+        self.arg_plan: tuple[tuple[bool, Any], ...] = tuple(
+            (n in fixed, index.get(n, n)) for n in script.args
+        )
+        #: Every key is bound: a bound script's keys are one tuple, made once.
+        self.every_key = all(known for known, _ in self.key_plan) and script.more_keys is None
+        #: Where each argument a call gives goes.
+        self.arg_fill = tuple((i, v) for i, (known, v) in enumerate(self.arg_plan) if not known)
+        #: With every key bound and one argument left: where that one goes (see ``only``).
+        self.only_at = (
+            self.arg_fill[0][0]
+            if self.every_key and script.more_args is None and len(self.arg_fill) == 1
+            else None
+        )
+
+
+@final
+class Bound:
+    """A script with the values of some of its names fixed (:meth:`Script.bind`).
+
+    The order of the keys and arguments is worked out once per script and set
+    of names (a :class:`Plan`, shared); a bound script keeps its values, and
+    a call only fills in the names it gives.
+    """
+
+    __slots__ = ("_args", "_keys", "_plan", "_values", "script")
+
+    def __init__(self, plan: Plan, fixed: dict[str, Any]) -> None:
+        #: The script.
+        self.script = plan.script
+        self._plan = plan
+        values = tuple(fixed[name] for name in plan.fixed)
+        # Kept only where a call still reads them: a key not made here, or a sequence.
+        script = plan.script
+        needs = not plan.every_key or script.more_keys is not None or script.more_args is not None
+        self._values = values if needs else ()
+        # The keys when every one is bound; the arguments with the bound ones in place.
+        self._keys = tuple(values[i] for _, i in plan.key_plan) if plan.every_key else None
+        self._args = tuple(values[v] if known else None for known, v in plan.arg_plan)
 
     def call(self, **values: Any) -> Call:
         """The ``KEYS`` and ``ARGV`` of one call: the fixed values and ``values``.
@@ -403,20 +453,22 @@ class Bound:
         Raises:
             TypeError: a name is missing, unknown, or given again.
         """
+        plan = self._plan
         # As many names as needed, and each of them there: exactly the needed names.
-        if len(values) != len(self._needed):
+        if len(values) != len(plan.needed):
             self._refuse(values)
         script = self.script
         keys = self._keys
-        args = self._args.copy()
+        args = list(self._args)
         try:
             if keys is None:
-                listed = [v if known else values[v] for known, v in self._key_plan]
+                bound = self._values
+                listed = [bound[v] if known else values[v] for known, v in plan.key_plan]
                 if script.more_keys is not None:
                     more = self._value(script.more_keys, values)
                     listed += script._sequence(script.more_keys, more)
                 keys = tuple(listed)
-            for at, name in self._arg_fill:
+            for at, name in plan.arg_fill:
                 args[at] = values[name]
             if script.more_args is not None:
                 more = self._value(script.more_args, values)
@@ -431,26 +483,29 @@ class Bound:
         Raises:
             TypeError: more (or less) than one argument is left, or a key is.
         """
-        only = self._only
-        if only is None:
+        at = self._plan.only_at
+        keys = self._keys
+        if at is None or keys is None:
             raise TypeError(
                 f"{self.script.name}: only() needs every key bound and one argument left; "
-                f"left: {sorted(self._needed)}"
+                f"left: {sorted(self._plan.needed)}"
             )
-        keys, before, after = only
-        return keys, (*before, value, *after)
+        args = self._args
+        return keys, (*args[:at], value, *args[at + 1 :])
 
     def _refuse(self, values: dict[str, Any]) -> NoReturn:
-        again = sorted(values.keys() & self._fixed.keys())
+        fixed = self._plan.fixed
+        again = sorted(values.keys() & set(fixed))
         if again:
             raise TypeError(f"{self.script.name}: {again} given again (bound already)")
-        raise self.script._mismatch(values.keys() | self._fixed.keys())
+        raise self.script._mismatch(values.keys() | set(fixed))
 
     def _value(self, name: str, values: dict[str, Any]) -> Any:
-        return self._fixed[name] if name in self._fixed else values[name]
+        i = self._plan.index.get(name)
+        return self._values[i] if i is not None else values[name]
 
     def __repr__(self) -> str:
-        return f"<Bound {self.script.name} {sorted(self._fixed)}>"
+        return f"<Bound {self.script.name} {list(self._plan.fixed)}>"
 
 
 # --- the queue's entries ------------------------------------------------------------

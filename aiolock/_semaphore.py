@@ -12,7 +12,7 @@ and a release grants the freed permit to the first live one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Never, final
+from typing import TYPE_CHECKING, Any, Never, final
 
 from redis.asyncio import Redis
 
@@ -83,19 +83,20 @@ class SemaphoreLease(ServerLease):
         self.shared = shared
         self.gone = "the permit's lease was over, or its token no longer held one"
 
-    def _bind(self) -> None:
-        """Bind the names of the semaphore's scripts (see :meth:`ServerLease._bind`)."""
+    def _named(self) -> dict[str, Any]:
+        """The values of the names the semaphore's scripts share (see :meth:`ServerLease._bind`)."""
         keys = self.keys
-        named = {
+        return {
             "lock": keys.lock,
             "queue": keys.queue,
             "channel": keys.channel,
             "sharded": self._sharded,
             "limit": str(self.limit),
         }
-        self._acquire = self._ACQUIRE.bind(**named)
-        self._release = self._RELEASE.bind(**named)
-        self._leave = self._LEAVE.bind(**named)
+
+    def _acquire_named(self) -> dict[str, Any]:
+        """The acquire script has no name of its own here."""
+        return {}
 
     async def _state(self, token: str) -> tuple[int, int, bool]:
         keys, args = SEMAPHORE_STATE.call(lock=self.key, limit=str(self.limit), token=token)

@@ -269,20 +269,19 @@ class ServerLease(ServerHolding, ServerQueueing):
             entry = encode_entry(ms, self._letter, number, tag, keeper.id if kept else "")
             # Known from now on (the call's end forgets it, whatever happens).
             keeper.reserve(token, kept, shown)
-        keys, args = self._acquire.call(
-            token=token, ms=self._ms, entry=entry, entry_ms=life, looks=looks
-        )
+        acquire = self._acquiring()
+        keys, args = acquire.call(token=token, ms=self._ms, entry=entry, entry_ms=life, looks=looks)
         if self._replicas:
             if trace is not None:
                 trace.reached = True  # (sent as a pipeline: assume it went out)
             answer = await self._replicated(token, keys, args)
         else:
-            script = self._acquire.script
+            script = acquire.script
             try:
                 reply = await self.wire.run(script, keys, args, once=True, trace=trace)
             except ReplyLost:
                 if looks == KNOWN:
-                    keys, args = self._acquire.call(
+                    keys, args = acquire.call(
                         token=token, ms=self._ms, entry=entry, entry_ms=life, looks=LOOK
                     )
                 reply = await self.wire.run(script, keys, args, trace=trace)

@@ -162,9 +162,10 @@ class ServerQueueing(ServerState):
         if bound <= 0:
             logger.debug("no time left to undo an attempt on %r (the lease expires it)", self.name)
             return False
-        keys, args = self._leave.call(token=token)
+        leave = self._leaving()
+        keys, args = leave.call(token=token)
         try:
-            await run_shielded(lambda: self.wire.run(self._leave.script, keys, args), bound)
+            await run_shielded(lambda: self.wire.run(leave.script, keys, args), bound)
         except Exception as exc:
             logger.debug(
                 "could not undo an attempt on %r: %r (the lease will expire it)", self.name, exc

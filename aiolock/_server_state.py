@@ -10,7 +10,7 @@ client with the same options share it.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from redis.crc import key_slot
 
@@ -142,18 +142,45 @@ class ServerState:
         self._bind()
 
     def _bind(self) -> None:
-        """Bind the names of the kind's scripts whose values do not change from call to call."""
+        """Bind the release script's names, whose values do not change from call to call.
+
+        The scripts only a waiter needs (its scripted attempt, its leaving the
+        queue) are bound at their first need (:meth:`_acquiring`,
+        :meth:`_leaving`): a lock taken by a bare ``SET`` and released never
+        needs them, and thousands of held locks would keep them for nothing.
+        """
+        self._release: Bound = self._RELEASE.bind(**self._named())
+        self._acquire: Bound | None = None
+        self._leave: Bound | None = None
+
+    def _named(self) -> dict[str, Any]:
+        """The values of the names the kind's scripts share (the keys, ``sharded``, ...)."""
         keys = self.keys
-        named = {
+        return {
             "lock": keys.lock,
             "queue": keys.queue,
             "fence": keys.fence,
             "channel": keys.channel,
             "sharded": self._sharded,
         }
-        self._acquire: Bound = self._ACQUIRE.bind(**named, fencing="1" if self.fencing else "0")
-        self._release: Bound = self._RELEASE.bind(**named)
-        self._leave: Bound = self._LEAVE.bind(**named)
+
+    def _acquire_named(self) -> dict[str, Any]:
+        """The values of the names the acquire script alone has."""
+        return {"fencing": "1" if self.fencing else "0"}
+
+    def _acquiring(self) -> Bound:
+        """The acquire script, its fixed names bound (at its first need)."""
+        acquire = self._acquire
+        if acquire is None:
+            acquire = self._acquire = self._ACQUIRE.bind(**self._named(), **self._acquire_named())
+        return acquire
+
+    def _leaving(self) -> Bound:
+        """The script that takes a token out of the queue, its names bound (at its first need)."""
+        leave = self._leave
+        if leave is None:
+            leave = self._leave = self._LEAVE.bind(**self._named())
+        return leave
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease: a finite number of seconds, at least 1 ms."""
