@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._guard import guard
     from ._leaselock import LockStatistics
     from ._lock import AsyncLock
+    from ._multilock import MultiLock
     from ._observe import LockEvent, add_observer, remove_observer
     from ._redlock import Redlock
     from ._rwlock import ReadWriteLock
@@ -43,6 +44,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "MultiLock",
     "ReadWriteLock",
     "Redlock",
     "Semaphore",
@@ -62,6 +64,7 @@ _HOMES = {
     "LockLostError": "._exceptions",
     "LockNotOwnedError": "._exceptions",
     "LockStatistics": "._leaselock",
+    "MultiLock": "._multilock",
     "ReadWriteLock": "._rwlock",
     "Redlock": "._redlock",
     "Semaphore": "._semaphore",

@@ -1,7 +1,7 @@
 """The Lua scripts that make each lock operation one atomic round trip.
 
 The scripts live as files in ``aiolock/_lua/``, one folder per family
-(``lock/``, ``queue/``, ``semaphore/``, ``rwlock/``, ``status/``) and the
+(``lock/``, ``queue/``, ``semaphore/``, ``rwlock/``, ``multi/``, ``status/``) and the
 functions they share in ``lib/``. Each script opens with a header in
 redis-py's style that names its keys and arguments::
 
@@ -73,6 +73,9 @@ __all__ = [
     "KEEP",
     "KEEPER_MARK_MS",
     "LEAVE",
+    "MULTI_ACQUIRE",
+    "MULTI_FENCE",
+    "MULTI_RELEASE",
     "QUEUE_SLACK_MS",
     "RELEASE",
     "RW_ACQUIRE",
@@ -576,6 +579,10 @@ RW_EXTEND: Final = Script.load("rwlock/extend.lua")
 RW_EXTEND_MANY: Final = Script.load("rwlock/extend_many.lua")
 RW_STATE: Final = Script.load("rwlock/state.lua")
 
+MULTI_ACQUIRE: Final = Script.load("multi/acquire.lua")
+MULTI_RELEASE: Final = Script.load("multi/release.lua")
+MULTI_FENCE: Final = Script.load("multi/fence.lua")
+
 STATUS_HOLDERS: Final = Script.load("status/holders.lua")
 
 #: Every script, by the path of its file under ``aiolock/_lua/``.
@@ -600,6 +607,9 @@ SCRIPTS: Final[dict[str, Script]] = {
     "rwlock/extend.lua": RW_EXTEND,
     "rwlock/extend_many.lua": RW_EXTEND_MANY,
     "rwlock/state.lua": RW_STATE,
+    "multi/acquire.lua": MULTI_ACQUIRE,
+    "multi/release.lua": MULTI_RELEASE,
+    "multi/fence.lua": MULTI_FENCE,
     "status/holders.lua": STATUS_HOLDERS,
 }
 

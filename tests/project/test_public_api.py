@@ -39,6 +39,7 @@ AIOLOCK_ALL = [
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
+    "MultiLock",
     "ReadWriteLock",
     "Redlock",
     "Semaphore",
