@@ -19,6 +19,7 @@ format: a Python-written entry read by the Lua parser on the server.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,9 @@ from aiolock._scripts import (
     KEEP,
     KEEPER_MARK_MS,
     LEAVE,
+    MULTI_ACQUIRE,
+    MULTI_FENCE,
+    MULTI_RELEASE,
     QUEUE_SLACK_MS,
     RELEASE,
     RW_ACQUIRE,
@@ -1043,9 +1047,10 @@ async def test_script(admin: redis.Redis, name: str, case: Case) -> None:
 
 
 def test_every_script_has_rows() -> None:
-    """Each script of the package (but the status one, tested below) is called by some row."""
+    """Each script of the package (but those over several names, tested below) has rows."""
     called = {case.script.name for case in CASES}
-    assert {s.name for s in SCRIPTS.values()} - called == {"STATUS_HOLDERS"}
+    below = {"STATUS_HOLDERS", "MULTI_ACQUIRE", "MULTI_RELEASE", "MULTI_FENCE"}
+    assert {s.name for s in SCRIPTS.values()} - called == below
 
 
 async def test_status_holders_lists_every_holder_with_its_end(
@@ -1208,3 +1213,158 @@ def test_a_circle_of_includes_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(_scripts, "lua_source", sources.__getitem__)
     with pytest.raises(ValueError, match="include each other"):
         resolve("-- X: y\n-- return 1\n--@include a\n")
+
+
+# --- the scripts over several names (MultiLock) ------------------------------------------------
+
+
+async def _run(
+    admin: redis.Redis, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]
+) -> Any:
+    """Call ``script`` by SHA on the server."""
+    return await admin.evalsha(await admin.script_load(script.text), len(keys), *keys, *args)
+
+
+def _multi_acquire(
+    names: list[str],
+    token: str = "me",  # noqa: S107 - a lock token, not a password
+    ms: int = TTL,
+    fencing: str = "0",
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """MULTI_ACQUIRE's keys and arguments for ``names`` (each name's lock, queue, fence)."""
+    every = [keys_for(n) for n in names]
+    return MULTI_ACQUIRE.call(
+        token=token,
+        ms=ms,
+        fencing=fencing,
+        sharded="0",
+        channels=[k.channel for k in every],
+        names=[key for k in every for key in (k.lock, k.queue, k.fence)],
+    )
+
+
+@pytest.fixture
+async def three(admin: redis.Redis, name: str) -> AsyncIterator[list[str]]:
+    """Three names of the test's own (their keys deleted after)."""
+    yield [f"{name}:a", f"{name}:b", f"{name}:c"]
+    leftover = await admin.keys(f"*{name}*")
+    if leftover:
+        await admin.delete(*leftover)
+
+
+async def test_multi_acquire_takes_every_free_lock_and_answers_the_same_again(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """Every key free: each gets the token with the lease; run again: the same answer, renewed."""
+    keys, args = _multi_acquire(three)
+    assert await _run(admin, MULTI_ACQUIRE, keys, args) == [1, 0]
+    for n in three:
+        assert await admin.get(keys_for(n).lock) == "me"
+        assert 0 < await admin.pttl(keys_for(n).lock) <= TTL
+    assert await _run(admin, MULTI_ACQUIRE, keys, args) == [1, 0]
+
+
+async def test_multi_acquire_takes_nothing_while_one_is_held_and_names_the_longest(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """b held 3 s, c 6 s, a ours already: nothing taken, a given back, c named with its lease."""
+    await admin.set(keys_for(three[0]).lock, "me", px=5000)
+    await admin.set(keys_for(three[1]).lock, "other", px=3000)
+    await admin.set(keys_for(three[2]).lock, "other2", px=6000)
+    keys, args = _multi_acquire(three)
+    taken, pttl, which = await _run(admin, MULTI_ACQUIRE, keys, args)
+    assert (taken, which) == (0, 3)
+    assert 3000 < pttl <= 6000
+    assert await admin.exists(keys_for(three[0]).lock) == 0, "our own key was kept"
+    assert await admin.get(keys_for(three[1]).lock) == "other"
+
+
+async def test_multi_acquire_names_a_key_without_expiry_first(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """A key without expiry (another library's lock) keeps it out for good: -1, that name."""
+    await admin.set(keys_for(three[0]).lock, "other", px=9000)
+    await admin.set(keys_for(three[1]).lock, "foreign")
+    keys, args = _multi_acquire(three)
+    assert await _run(admin, MULTI_ACQUIRE, keys, args) == [0, -1, 2]
+    assert await admin.exists(keys_for(three[2]).lock) == 0
+
+
+async def test_multi_acquire_leaves_a_free_lock_to_its_queued_waiters(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """A free lock whose queue holds an ordinary lock's waiter: not taken; the queue's life said."""
+    await admin.rpush(keys_for(three[1]).queue, "waiter")
+    await admin.pexpire(keys_for(three[1]).queue, 4000)
+    keys, args = _multi_acquire(three)
+    taken, pttl, which = await _run(admin, MULTI_ACQUIRE, keys, args)
+    assert (taken, which) == (0, 2)
+    assert 0 < pttl <= 4000
+    assert await admin.exists(*(keys_for(n).lock for n in three)) == 0
+
+
+async def test_multi_acquire_moves_every_counter_to_one_fence_above_them_all(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """Fencing: the fence is one above the largest counter, and every counter moves to it."""
+    top = 4 * 10**15
+    await admin.set(keys_for(three[0]).fence, top)
+    await admin.set(keys_for(three[1]).fence, top + 7)
+    keys, args = _multi_acquire(three, fencing="1")
+    assert await _run(admin, MULTI_ACQUIRE, keys, args) == [1, top + 8]
+    for n in three:
+        assert await admin.get(keys_for(n).fence) == str(top + 8)
+
+
+async def test_multi_acquire_tells_a_name_of_another_kind(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """A name whose key is a semaphore's (a sorted set): [-1, its number], nothing taken."""
+    await admin.zadd(keys_for(three[1]).lock, {"permit": 1})
+    keys, args = _multi_acquire(three)
+    assert await _run(admin, MULTI_ACQUIRE, keys, args) == [-1, 2]
+    assert await admin.exists(keys_for(three[0]).lock, keys_for(three[2]).lock) == 0
+
+
+async def test_multi_release_frees_only_the_keys_that_hold_the_token(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """Two keys ours, one another's: 2 freed, the other's kept, each release announced."""
+    a, b, c = (keys_for(n) for n in three)
+    await admin.set(a.lock, "me", px=5000)
+    await admin.set(b.lock, "other", px=5000)
+    await admin.set(c.lock, "me", px=5000)
+    pubsub = admin.pubsub()
+    await pubsub.subscribe(a.channel, c.channel)
+    try:
+        keys, args = MULTI_RELEASE.call(
+            token="me",  # noqa: S106 - a lock token, not a password
+            sharded="0",
+            channels=[a.channel, b.channel, c.channel],
+            locks=[a.lock, b.lock, c.lock],
+        )
+        assert await _run(admin, MULTI_RELEASE, keys, args) == 2
+        assert await admin.exists(a.lock, c.lock) == 0
+        assert await admin.get(b.lock) == "other"
+        heard: set[str] = set()
+        for _ in range(100):  # (an ignored subscribe confirmation reads as None too)
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
+            if message is not None:
+                heard.add(message["channel"])
+            if len(heard) == 2:
+                break
+        assert heard == {a.channel, c.channel}
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def test_multi_fence_raises_only_the_counters_below_the_fence(
+    admin: redis.Redis, three: list[str]
+) -> None:
+    """Counters 5, 50 and none, fence 20: 20, 50 (left alone) and 20; two raised."""
+    a, b, c = (keys_for(n) for n in three)
+    await admin.set(a.fence, 5)
+    await admin.set(b.fence, 50)
+    keys, args = MULTI_FENCE.call(fence=20, fences=[a.fence, b.fence, c.fence])
+    assert await _run(admin, MULTI_FENCE, keys, args) == 2
+    assert [await admin.get(k.fence) for k in (a, b, c)] == ["20", "50", "20"]

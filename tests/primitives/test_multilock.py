@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
-from support.timing import eventually
 
 from aiolock import AsyncLock, LockError, LockLostError, MultiLock, Semaphore, backoff
 from aiolock._keys import Keys
@@ -210,10 +209,14 @@ async def test_deleting_one_name_loses_the_whole_and_frees_the_others(
     names = [f"{name}:a", f"{name}:b", f"{name}:c"]
     lost: list[MultiLock] = []
     lock = MultiLock(client, names, ttl=0.6, cancel_on_lost=True, on_lost=lost.append)
-    with pytest.raises(LockLostError, match="lost"):
+
+    async def hold() -> None:
         async with lock:
             await admin.delete(lock_key(names[1]))
             await asyncio.sleep(5)  # cancelled at the first renewal
+
+    with pytest.raises(LockLostError, match="lost"):
+        await hold()
     assert lost == [lock]
     assert lock.lost
     assert await keys_left(admin, name) == [], "the other names were left held"
@@ -262,14 +265,17 @@ async def test_one_fence_above_every_earlier_and_below_every_later_fence_of_its_
     multi = MultiLock(client, [a, b], fencing=True)
     async with multi:
         first = multi.fence
-    assert first is not None and first > max(f for f in before if f is not None)
+    assert first is not None
+    assert first > max(f for f in before if f is not None)
     async with multi:
         second = multi.fence
-    assert second is not None and second > first
+    assert second is not None
+    assert second > first
     for n in (a, b):
         single = AsyncLock(client, n, fencing=True)
         async with single:
-            assert single.fence is not None and single.fence > second
+            assert single.fence is not None
+            assert single.fence > second
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -320,5 +326,5 @@ def test_bad_options_are_refused_naming_them(
 
 def test_a_client_that_is_not_redis_asyncio_is_refused() -> None:
     """A client of the wrong kind: TypeError naming ``client``."""
-    with pytest.raises(TypeError, match="client must be a redis.asyncio"):
+    with pytest.raises(TypeError, match=r"client must be a redis\.asyncio"):
         MultiLock(object(), ["a"])  # type: ignore[arg-type]

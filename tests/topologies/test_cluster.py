@@ -54,7 +54,15 @@ from support.locks import holds_on_server, keys_of
 from support.servers import calls, has, needs
 from support.timing import eventually, finish
 
-from aiolock import AsyncLock, LockError, LockLostError, ReadWriteLock, Semaphore, backoff
+from aiolock import (
+    AsyncLock,
+    LockError,
+    LockLostError,
+    MultiLock,
+    ReadWriteLock,
+    Semaphore,
+    backoff,
+)
 from aiolock import _scripts as scripts
 from aiolock._keys import DEFAULT_PREFIX, Keys
 from aiolock.testing import LocalCluster, RedisServer
@@ -1239,3 +1247,147 @@ async def test_a_held_lock_survives_its_slots_migration_and_a_waiter_gets_it_aft
             if held.statistics().held:
                 with contextlib.suppress(LockError):
                     await held.release()
+
+
+# --- MultiLock across slots ----------------------------------------------------------------------
+
+
+async def _multi_keys_left(cluster: LocalCluster, names: list[str]) -> list[str]:
+    """The lock keys of ``names`` still on their masters."""
+    left = []
+    for n in names:
+        admin = direct(cluster.node_for_key(key_of(n)))
+        try:
+            if await admin.exists(key_of(n)):
+                left.append(n)
+        finally:
+            await admin.aclose()
+    return left
+
+
+async def test_multilocks_across_slots_in_opposite_orders_neither_deadlock_nor_overlap(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """3 clients take names on 3 masters in opposite orders, slot by slot: all finish, no overlap.
+
+    Each name is in a slot of its own, so each acquisition takes three
+    groups one after the other and gives back what it took when a later one
+    is busy. An ``AsyncLock`` on one of the names is kept out meanwhile.
+    """
+    names = spread_names(cluster, tag, 1)
+    sets = [names, list(reversed(names)), [names[2], names[0]]]
+    inside = dict.fromkeys(names, 0)
+    overlaps: list[str] = []
+    rounds = 8
+
+    async def worker(index: int) -> int:
+        lock = MultiLock(clients(cluster), sets[index], ttl=5.0, timeout=30.0)
+        assert len(lock.keys) == len(sets[index])
+        for _ in range(rounds):
+            async with lock:
+                for n in sets[index]:
+                    inside[n] += 1
+                    overlaps.extend([n] if inside[n] > 1 else [])
+                await asyncio.sleep(0.002)
+                for n in sets[index]:
+                    inside[n] -= 1
+        return rounds
+
+    async with asyncio.timeout(60):
+        done = await asyncio.gather(*(worker(i) for i in range(3)))
+    assert done == [rounds] * 3
+    assert overlaps == []
+    holder = MultiLock(clients(cluster), names, ttl=5.0)
+    async with holder:
+        assert not await AsyncLock(clients(cluster), names[1]).acquire(blocking=False)
+    assert await _multi_keys_left(cluster, names) == []
+
+
+async def test_a_multilock_waiting_across_slots_holds_none_of_its_names(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """The last slot's name held elsewhere: between attempts the waiter holds none of the others."""
+    names = spread_names(cluster, tag, 1)
+    multi = MultiLock(clients(cluster), names, ttl=5.0, notify=False, backoff=backoff.constant(0.5))
+    last = multi.keys[-1].removeprefix(DEFAULT_PREFIX)[1:-1]  # the name taken last
+    single = AsyncLock(clients(cluster), last, ttl=5.0)
+    await single.acquire()
+    waiting = asyncio.create_task(multi.acquire(timeout=10.0))
+    try:
+        await asyncio.sleep(0.1)  # its first attempt took the others and gave them back
+        for _ in range(5):
+            assert await _multi_keys_left(cluster, names) == [last]
+            await asyncio.sleep(0.02)
+        assert not waiting.done()
+        await single.release()
+        assert await asyncio.wait_for(waiting, 5.0)
+        assert await multi.owned()
+        await multi.release()
+    finally:
+        await finish(waiting)
+        if single.statistics().held:
+            await single.release()
+    assert await _multi_keys_left(cluster, names) == []
+
+
+async def test_multilock_cancelled_at_random_moments_across_slots_leaves_no_key(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """30 acquisitions over 3 slots cancelled at random moments (half contended): no key left."""
+    names = spread_names(cluster, tag, 1)
+    client = clients(cluster)
+    rival = AsyncLock(clients(cluster), names[2], ttl=5.0)
+    rng = random.Random(77)
+
+    async def one() -> None:
+        async with MultiLock(client, names, ttl=5.0, backoff=backoff.constant(0.001)):
+            await asyncio.sleep(rng.uniform(0, 0.002))
+
+    await client.initialize()  # (the slot map loaded: the trials start with the attempt)
+    for trial in range(30):
+        if trial % 2:
+            await rival.acquire()
+        task = asyncio.create_task(one())
+        await asyncio.sleep(rng.uniform(0, 0.006))
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if rival.statistics().held:
+            await rival.release()
+        assert await _multi_keys_left(cluster, names) == [], f"trial {trial}"
+
+
+async def test_multilock_across_slots_loses_the_whole_and_fences_every_name(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """One fence above every name's, later fences above it; one key deleted loses the whole."""
+    names = spread_names(cluster, tag, 1)
+    client = clients(cluster)
+    before = []
+    for n in names[:2]:
+        single = AsyncLock(client, n, fencing=True)
+        async with single:
+            before.append(single.fence or 0)
+    lost: list[MultiLock] = []
+    multi = MultiLock(client, names, ttl=0.6, fencing=True, on_lost=lost.append)
+    fences: list[int] = []
+
+    async def hold() -> None:
+        async with multi:
+            fences.append(multi.fence or 0)
+            admin = direct(cluster.node_for_key(key_of(names[1])))
+            try:
+                await admin.delete(key_of(names[1]))
+            finally:
+                await admin.aclose()
+            await eventually(lambda: bool(lost), "the loss to be reported", timeout=3.0)
+
+    with pytest.raises(LockLostError):
+        await hold()
+    fence = fences[0]
+    assert fence > max(before)
+    assert await _multi_keys_left(cluster, names) == []
+    for n in names:
+        single = AsyncLock(client, n, fencing=True)
+        async with single:
+            assert (single.fence or 0) > fence
