@@ -52,11 +52,11 @@ from ._lease import CLEANUP_BOUND, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, existing_queue, queue_for
 from ._scripts import EXTEND_MANY, MULTI_ACQUIRE, MULTI_FENCE, MULTI_RELEASE
 from ._site import site_of
+from ._timers import Cutoff
 from ._wire import ReplyLost
 
 if TYPE_CHECKING:
     from ._keys import Keys
-    from ._timers import Cutoff
     from ._types import Client
 
 __all__ = ["MultiLease", "order"]
@@ -89,9 +89,9 @@ def order(names: Sequence[str], prefix: str, cluster: bool) -> list[list[Keys]]:
     """The names' keys in groups, in the order a MultiLock takes them.
 
     One group on one server; on a cluster, one per hash slot, by slot
-    number. Names within a group are in the order of their keys.
+    number. Names within a group are sorted.
     """
-    keys = sorted((keys_for(n, prefix) for n in names), key=lambda k: k.lock)
+    keys = [keys_for(n, prefix) for n in sorted(names)]
     if not cluster:
         return [keys]
     slots: dict[int, list[Keys]] = {}
@@ -210,14 +210,16 @@ class MultiLease:
 
     # -- acquire -----------------------------------------------------------------------
 
-    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply:
+    async def attempt(self, deadline: float | None, queue_up: bool, call: Call) -> Reply | None:
         """Take every group in order: ``(1, fence)``, or ``(0, pttl)`` with nothing held.
 
         ``pttl`` is how long the name that kept us out longest stays held
-        (its holder's ``PTTL``). Whatever interrupts the attempt
-        (cancellation, an error), every key that may hold the token is given
-        back before this raises. Each call is bounded by the client's own
-        timeouts: the deadline is not used (nor ``queue_up``: nobody queues).
+        (its holder's ``PTTL``). An attempt still in flight at the deadline
+        is awaited as long as the link needs (per group), and never past the
+        lease it asks for; then it is cut off (None). Whatever interrupts the
+        attempt (cancellation, an error, the cut-off), every key that may
+        hold the token is given back before this returns or raises.
+        (``queue_up`` is not used: nobody queues.)
 
         Raises:
             LockError: a name is in use by another kind of primitive.
@@ -230,29 +232,20 @@ class MultiLease:
         call.attempts += 1
         call.reached = False
         call.waiting = False
-        fencing = "1" if self.fencing else "0"
-        fences: list[int] = []
-        taken = 0
+        sent = time.monotonic()
+        reply: Reply | None = None
         try:
-            for group in self._groups:
-                args = (token, self._ms, fencing, self._sharded, *group.channels)
-                reply = await wire.run(MULTI_ACQUIRE, group.acquire_keys, args, trace=call)
-                code = int(reply[0])
-                if code == -1:
-                    raise await wire.wrong_kind(group.locks[int(reply[1]) - 1])
-                if code == 0:
-                    self._seen_channel = group.channels[int(reply[2]) - 1]
-                    call.contended = True
-                    if taken:
-                        await self._give_back(token, self._groups[:taken])
-                    return (0, int(reply[1]))
-                fences.append(int(reply[1]))
-                taken += 1
-            fence = max(fences)
-            if self.fencing and len(self._groups) > 1:
-                for group, drawn in zip(self._groups, fences, strict=True):
-                    if drawn < fence:
-                        await wire.run(MULTI_FENCE, group.fences, (fence,))
+            if deadline is None:
+                reply = await self._take(token, call)
+            else:
+                when = sent + self.span
+                if wire.allowance is not None:
+                    link = max(deadline, sent) + wire.allowance * len(self._groups)
+                    when = min(when, link)
+                with Cutoff(when, call.task, call.spare, lend=True) as cutoff:
+                    reply = await self._take(token, call)
+                if cutoff.expired:
+                    reply = None
         except ClusterError as exc:
             await self.undo(token, call)
             raise Unanswered(exc) from exc
@@ -260,6 +253,40 @@ class MultiLease:
             if call.reached:
                 await self.undo(token, call)
             raise
+        if reply is None:
+            call.unanswered = time.monotonic() - sent
+            # Cut off: past the deadline the call is ending, and this is its cleanup;
+            # before it (a lease shorter than the wait), a routine undo.
+            if call.reached:
+                ending = deadline is not None and time.monotonic() >= deadline
+                await self.undo(token, call if ending else None)
+            return None
+        wire.observe((time.monotonic() - sent) / len(self._groups))
+        return reply
+
+    async def _take(self, token: str, call: Call) -> Reply:
+        """The groups, one after the other; the ones taken are given back if one is busy."""
+        wire = self.wire
+        fencing = "1" if self.fencing else "0"
+        fences: list[int] = []
+        for taken, group in enumerate(self._groups):
+            args = (token, self._ms, fencing, self._sharded, *group.channels)
+            reply = await wire.run(MULTI_ACQUIRE, group.acquire_keys, args, trace=call)
+            code = int(reply[0])
+            if code == -1:
+                raise await wire.wrong_kind(group.locks[int(reply[1]) - 1])
+            if code == 0:
+                self._seen_channel = group.channels[int(reply[2]) - 1]
+                call.contended = True
+                if taken:
+                    await self._give_back(token, self._groups[:taken])
+                return (0, int(reply[1]))
+            fences.append(int(reply[1]))
+        fence = max(fences)
+        if self.fencing and len(self._groups) > 1:
+            for group, drawn in zip(self._groups, fences, strict=True):
+                if drawn < fence:
+                    await wire.run(MULTI_FENCE, group.fences, (fence,))
         return (1, fence)
 
     async def _give_back(self, token: str, groups: Sequence[_Group]) -> int:

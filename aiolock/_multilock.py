@@ -60,7 +60,7 @@ def check_names(names: object, prefix: object) -> tuple[str, ...]:
     seen: set[str] = set()
     for index, name in enumerate(checked):
         if not isinstance(name, str):
-            raise TypeError(f"names[{index}] must be a str, got {name!r}")
+            raise TypeError(f"each name must be a str, got {name!r} (names[{index}])")
         if name in seen:
             raise ValueError(f"names holds {name!r} twice (names[{index}]): each name once")
         seen.add(name)

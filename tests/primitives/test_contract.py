@@ -73,6 +73,7 @@ from aiolock import (
     backoff,
 )
 from aiolock._checks import MAX_MS, MAX_SECONDS
+from aiolock._multi_lease import MultiLease
 from aiolock._rwlock import RWSide
 from aiolock._server_lease import ServerLease
 from aiolock._server_state import ENTRY_CAP
@@ -351,7 +352,7 @@ def link_allowance(lock: Lock) -> float:
     if isinstance(lock, Redlock):
         return 0.0  # its attempts are cut off at node_timeout instead
     lease = lock._lease
-    assert isinstance(lease, ServerLease), lease
+    assert isinstance(lease, ServerLease | MultiLease), lease
     wire = lease.wire
     return wire.allowance if wire.allowance is not None else MIN_ALLOWANCE
 
@@ -423,7 +424,7 @@ async def test_a_server_that_stops_answering_mid_wait_is_told_within_the_bound(
 DEAD_WAITER = """
 import asyncio, sys
 import redis.asyncio as redis
-from aiolock import AsyncLock, ReadWriteLock, Redlock, Semaphore, backoff
+from aiolock import AsyncLock, MultiLock, ReadWriteLock, Redlock, Semaphore, backoff
 async def main(kind, name, *urls):
     clients = [redis.Redis.from_url(u) for u in urls]
     if kind == "AsyncLock":
@@ -434,6 +435,9 @@ async def main(kind, name, *urls):
     elif kind in ("Reader", "Writer"):
         rw = ReadWriteLock(clients[0], name, ttl=10.0, backoff=backoff.constant(30))
         lock = rw.reader if kind == "Reader" else rw.writer
+    elif kind == "MultiLock":
+        names = [name, name + ":second"]
+        lock = MultiLock(clients[0], names, ttl=10.0, backoff=backoff.constant(30))
     else:
         lock = Redlock(clients, name, ttl=10.0, node_timeout=1.0, backoff=backoff.constant(30))
     print("waiting", flush=True)
@@ -508,7 +512,7 @@ async def test_a_waiter_killed_mid_backoff_delays_the_others_two_seconds_at_most
         line = await asyncio.wait_for(waiter.stdout.readline(), 10)
         assert line == b"waiting\n"
         await asyncio.sleep(0.5)  # its first attempt failed; it is in its 30 s step
-        if not subject.quorum:
+        if subject.queues:
             assert await subject.queued(workers[0]), "the waiter did not queue"
         waiter.kill()
         await waiter.wait()
@@ -827,7 +831,7 @@ async def test_cancelled_release_still_completes(
     await subject.assert_absent_and_stays(lock.key)
     with pytest.raises(LockNotOwnedError):
         await lock.release()
-    assert kinds(events, subject.name) == ["acquired", "released"]
+    assert kinds(events, subject.shown) == ["acquired", "released"]
 
 
 # --- loss ----------------------------------------------------------------------------------------
@@ -908,7 +912,7 @@ async def test_body_exception_wins_and_carries_the_loss_as_note(
     if await_loss:
         assert any("aiolock" in note and "lost" in note for note in notes), notes
     else:  # found by the release at exit: the note is its LockLostError's message
-        said = f"aiolock: lock {subject.name!r} was no longer held"
+        said = f"aiolock: lock {subject.shown!r} was no longer held"
         assert any(note.startswith(said) for note in notes), notes
     assert is_lost(lock)
 
@@ -1328,7 +1332,7 @@ async def test_an_uncontended_holding_is_acquired_then_released(
     lock = subject.make_lock(ttl=5.0)
     async with lock:
         await asyncio.sleep(0.05)
-    acquired, released = (e for e in events if e.name == subject.name)
+    acquired, released = (e for e in events if e.name == subject.shown)
     assert acquired.kind == "acquired"
     assert acquired.lock is lock
     assert acquired.contended is False
@@ -1345,7 +1349,7 @@ async def test_renewals_by_the_watchdog_and_by_extend_are_reported(
     subject: Subject, events: list[LockEvent]
 ) -> None:
     """Each lease reset is a 'renewed' event: the watchdog's and an explicit extend()'s."""
-    name = subject.name
+    name = subject.shown
     lock = subject.make_lock(ttl=0.3)
     async with lock:
         await eventually(lambda: "renewed" in kinds(events, name), "a renewal")
@@ -1435,7 +1439,7 @@ async def test_a_release_that_finds_the_key_gone_reports_a_loss_not_a_release(
     with pytest.raises(LockLostError):
         await lock.release()
     await subject.delete(lock.key)
-    assert kinds(events, subject.name) == ["acquired", "lost"]
+    assert kinds(events, subject.shown) == ["acquired", "lost"]
 
 
 async def test_every_acquire_reports_once_and_every_holding_ends_once(
@@ -1473,7 +1477,7 @@ async def test_every_acquire_reports_once_and_every_holding_ends_once(
     # Six workers per permit: contention, so some calls time out.
     workers = 6 * subject.limit
     await asyncio.gather(*(worker(locks[i % 2], 15) for i in range(workers)), takeover())
-    seen = [e for e in events if e.name == subject.name]
+    seen = [e for e in events if e.name == subject.shown]
     outcomes = [e for e in seen if e.kind in ("acquired", "not_acquired")]
     assert len(outcomes) == calls
     assert all(

@@ -37,8 +37,16 @@ from support.locks import kinds
 from support.timing import eventually
 
 from aiolock import LockEvent
+from aiolock._multi_lease import MultiLease
 from aiolock._quorum import QuorumLease
-from aiolock._scripts import HANDOVER, SEMAPHORE_HANDOVER, Script
+from aiolock._scripts import (
+    EXTEND_MANY,
+    HANDOVER,
+    MULTI_ACQUIRE,
+    MULTI_RELEASE,
+    SEMAPHORE_HANDOVER,
+    Script,
+)
 from aiolock._server_lease import ServerLease
 from aiolock.testing import FaultProxy, RedisServer
 
@@ -195,7 +203,7 @@ async def test_a_forgotten_lock_warns_and_its_key_expires(subject: Subject) -> N
     Its renewal stops (no task left), and the server expires the key with
     its lease.
     """
-    with pytest.warns(ResourceWarning, match=rf"lock {re.escape(repr(subject.name))} was never"):
+    with pytest.warns(ResourceWarning, match=rf"lock {re.escape(repr(subject.shown))} was never"):
         await forget_a_lock(subject)
     assert await other_tasks() == set(), "a renewal outlived its lock"
 
@@ -246,6 +254,23 @@ def node_lease(lock: Lock) -> ServerLease:
     return lease
 
 
+#: A MultiLock's scripts in the roles of a one-server lease's (it gives back with its release).
+MULTI_SCRIPTS = {
+    "_ACQUIRE": MULTI_ACQUIRE,
+    "_RELEASE": MULTI_RELEASE,
+    "_LEAVE": MULTI_RELEASE,
+    "_EXTEND": EXTEND_MANY,
+}
+
+
+def script_of(lock: Lock, role: str) -> Script:
+    """The script ``lock``'s lease runs in ``role`` (``"_RELEASE"``...), a MultiLock's too."""
+    if isinstance(lock._lease, MultiLease):
+        return MULTI_SCRIPTS[role]
+    script: Script = getattr(node_lease(lock), role)
+    return script
+
+
 def sha(script: Script) -> bytes:
     """The bytes that name ``script`` in an ``EVALSHA``."""
     return script.sha.encode()
@@ -281,7 +306,7 @@ async def test_a_release_whose_reply_is_lost_is_a_release(
     """The release ran, its reply was lost: release() returns, no loss is reported, no key left."""
     lock = await warm_lock(subject, proxies)
     assert await lock.acquire()
-    drop(proxies, sha(node_lease(lock)._RELEASE))
+    drop(proxies, sha(script_of(lock, "_RELEASE")))
     await lock.release()
     assert dropped(proxies) == len(proxies)
     await ended_cleanly(subject, events, lock)
@@ -301,7 +326,7 @@ async def test_a_grant_whose_reply_is_lost_reaches_the_waiter(
     waiter = asyncio.create_task(others.acquire())
     await asyncio.sleep(0.2)  # queued (or polling, on a quorum)
     assert not waiter.done()
-    drop(proxies, sha(node_lease(lock)._RELEASE))
+    drop(proxies, sha(script_of(lock, "_RELEASE")))
     released = time.monotonic()
     await lock.release()
     assert await asyncio.wait_for(waiter, 3.0)
@@ -321,8 +346,8 @@ async def test_an_attempt_whose_reply_is_lost_is_recognised_as_ours(
     lease, the caller owns the lock, and its release leaves nothing.
     """
     lock = await warm_lock(subject, proxies)
-    lease = node_lease(lock)
-    drop(proxies, b"NX" if lease.bare_first else sha(lease._ACQUIRE))
+    bare = not isinstance(lock._lease, MultiLease) and node_lease(lock).bare_first
+    drop(proxies, b"NX" if bare else sha(script_of(lock, "_ACQUIRE")))
     started = time.monotonic()
     assert await lock.acquire(timeout=3.0)
     assert time.monotonic() - started < 1.0
@@ -339,7 +364,7 @@ async def test_an_extend_whose_reply_is_lost_still_extends(
     lock = await warm_lock(subject, proxies, auto_renew=False)
     assert await lock.acquire()
     await subject.set_lease(lock.key, 1000)
-    drop(proxies, sha(node_lease(lock)._EXTEND))
+    drop(proxies, sha(script_of(lock, "_EXTEND")))
     assert await lock.extend() is True
     assert dropped(proxies) == len(proxies)
     assert min(await subject.leases(lock.key)) > 4000
@@ -355,7 +380,7 @@ async def test_a_leave_whose_reply_is_lost_leaves_nothing(
     holder = subject.make_holder(process=1, ttl=5.0)
     assert await holder.acquire()
     # A quorum does not queue: its waiter's cleanup is the release script (a delete).
-    leave = node_lease(lock)._RELEASE if subject.quorum else node_lease(lock)._LEAVE
+    leave = script_of(lock, "_RELEASE" if subject.quorum else "_LEAVE")
     drop(proxies, sha(leave))
     assert not await lock.acquire(timeout=0.3)
     await holder.release()
@@ -380,13 +405,13 @@ async def test_a_hand_over_whose_reply_is_lost_strands_no_token(
     if hands_over:
         drop(proxies, sha(SEMAPHORE_HANDOVER if subject.semaphore else HANDOVER))
     else:
-        drop(proxies, sha(node_lease(lock)._RELEASE))
+        drop(proxies, sha(script_of(lock, "_RELEASE")))
     order: list[tuple[str, float]] = []
     await asyncio.wait_for(take_turns(lock, order), 3.0)
     assert [who for who, _ in order] == ["first", "second"]
     assert order[1][1] - order[0][1] < 0.5, "the next task waited for a lease"
     assert dropped(proxies) == len(proxies)
-    assert "lost" not in kinds(events, subject.name)
+    assert "lost" not in kinds(events, subject.shown)
     assert await subject.keys_left() == []
 
 

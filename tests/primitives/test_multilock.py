@@ -288,7 +288,7 @@ async def test_one_fence_above_every_earlier_and_below_every_later_fence_of_its_
         ("ab", TypeError, "names must be a list or tuple of str"),
         (None, TypeError, "names must be a list or tuple of str"),
         (["a", "a"], ValueError, r"names holds 'a' twice \(names\[1\]\)"),
-        (["a", 1], TypeError, r"names\[1\] must be a str, got 1"),
+        (["a", 1], TypeError, r"each name must be a str, got 1 \(names\[1\]\)"),
         (["a", ""], ValueError, r"names\[1\]: name must not be empty"),
         (["}x"], ValueError, r"names\[0\]: .*empty hash tag"),
     ],

@@ -23,6 +23,7 @@ import redis.asyncio as redis
 
 from aiolock import (
     AsyncLock,
+    MultiLock,
     ReadWriteLock,
     Redlock,
     Semaphore,
@@ -36,7 +37,7 @@ from support.servers import started_servers, wait_for_paused_client
 from support.timing import eventually
 
 #: A lock under the contract (a new primitive joins this union).
-Lock = AsyncLock | Redlock | Semaphore | RWSide
+Lock = AsyncLock | Redlock | Semaphore | RWSide | MultiLock
 
 #: The semaphores under the contract, by subject: their ``limit``.
 SEMAPHORES = {"Semaphore": 1, "Semaphore3": 3}
@@ -45,11 +46,15 @@ SEMAPHORES = {"Semaphore": 1, "Semaphore3": 3}
 SIDES = ("Reader", "Writer")
 
 #: The primitives the contract runs over.
-PRIMITIVES = ["AsyncLock", "Redlock", *SEMAPHORES, *SIDES]
+PRIMITIVES = ["AsyncLock", "Redlock", *SEMAPHORES, *SIDES, "MultiLock"]
 
 #: The primitives that run the contract on the asyncio loop only (the suite's time budget;
 #: ``AIOLOCK_TEST_BOTH_LOOPS=1``, as ``make loops`` sets it, runs them on uvloop too).
-ASYNCIO_ONLY = {"Redlock", *SEMAPHORES, *SIDES}
+ASYNCIO_ONLY = {"Redlock", *SEMAPHORES, *SIDES, "MultiLock"}
+
+#: A MultiLock under the contract holds the test's name and this one beside it: its
+#: ``key`` (the one the admin side looks at) is the test's name's, taken first.
+MULTI_SECOND = ":second"
 
 #: Redlock's masters in this suite: a quorum of two.
 REDLOCK_NODES = 3
@@ -270,6 +275,8 @@ class Subject:
         self.name = name
         #: Over a quorum of independent servers (Redlock); else one server and its queue.
         self.quorum = kind == "Redlock"
+        #: A waiter stands in a queue on the server (not a quorum's, nor a MultiLock's).
+        self.queues = not self.quorum and kind != "MultiLock"
         #: How many hold it when it is held elsewhere: a lock's one, a semaphore's
         #: ``limit``, a read-write lock's writer (for a reader too: readers share).
         self.limit = SEMAPHORES.get(kind, 1)
@@ -283,6 +290,17 @@ class Subject:
         ]
         self.client_sets: list[list[redis.Redis]] = []
         self._processes: dict[int, list[redis.Redis]] = {}
+
+    @property
+    def shown(self) -> str:
+        """The name the primitive made on the test's name goes by in events and messages."""
+        return self.shown_for(self.name)
+
+    def shown_for(self, name: str) -> str:
+        """The name the primitive made on ``name`` goes by: a MultiLock's is its names, joined."""
+        if self.kind == "MultiLock":
+            return f"{name}, {name}{MULTI_SECOND}"
+        return name
 
     def connect(self, urls: list[str] | None = None, **options: Any) -> list[redis.Redis]:
         """A new set of client objects (one per server, or per URL): a "process" of its own.
@@ -327,6 +345,13 @@ class Subject:
         lock_name: Any = self.name if name is _TEST_NAME else name
         if self.kind == "AsyncLock":
             return AsyncLock(on[0], lock_name, **options)
+        if self.kind == "MultiLock":
+            names = (
+                [lock_name, f"{lock_name}{MULTI_SECOND}"]
+                if isinstance(lock_name, str)
+                else [lock_name]
+            )
+            return MultiLock(on[0], names, **options)
         if self.semaphore:
             return Semaphore(on[0], lock_name, self.limit, **options)
         if self.side:
@@ -424,16 +449,26 @@ class Subject:
 
     def holding_keys(self, key: str) -> set[str]:
         """The keys on a server while ``key`` is held (a read-write lock's index with it)."""
+        if self.kind == "MultiLock":
+            return set(self._every_key(key))
         return {key, key + RW_INDEX_SUFFIX} if self.side else {key}
 
     async def keys_left(self) -> list[str]:
         """The keys of the test's name still on any server."""
-        pattern = all_keys(self.name)
-        return [str(k) for a in self.admins for k in await a.keys(pattern)]
+        patterns = [all_keys(self.name)]
+        if self.kind == "MultiLock":
+            patterns.append(all_keys(self.name + MULTI_SECOND))
+        return [str(k) for a in self.admins for p in patterns for k in await a.keys(p)]
 
     async def queued(self, lock: Lock) -> bool:
         """Whether the queue of ``lock``'s waiters is there (on its one server)."""
         return any(await self.present(keys_of(lock).queue))
+
+    def _every_key(self, key: str) -> list[str]:
+        """``key``, and for a MultiLock the key of its second name too (a holding's keys)."""
+        if self.kind == "MultiLock" and key.endswith("}"):
+            return [key, f"{key[:-1]}{MULTI_SECOND}}}"]
+        return [key]
 
     async def take_away(self, key: str, how: str, lease_ms: int = 5000) -> None:
         """Take the lease away behind the holder's back, on every server.
@@ -446,14 +481,14 @@ class Subject:
         if how == "PEXPIRE 1":
             await self.set_lease(key, 0)
             return
-        for a in self.admins:
+        for a, each in [(a, k) for a in self.admins for k in self._every_key(key)]:
             if how == "DEL":
-                await a.delete(key)
+                await a.delete(each)
             elif self._many:
                 overwrite = _RW_OVERWRITE if self.side else _OVERWRITE
-                await a.eval(overwrite, 1, key, "someone else", lease_ms)
+                await a.eval(overwrite, 1, each, "someone else", lease_ms)
             else:
-                await a.set(key, "someone else", px=lease_ms)
+                await a.set(each, "someone else", px=lease_ms)
 
     async def set_lease(self, key: str, ms: int) -> None:
         """The holder's lease ends ``ms`` from now, on every server (``PEXPIRE key ms``).
@@ -462,17 +497,20 @@ class Subject:
         1``); a semaphore's (a read-write lock's) holder's lease ends now, its
         token still a member (a field).
         """
-        for a in self.admins:
+        for a, each in [(a, k) for a in self.admins for k in self._every_key(key)]:
             if self._many:
                 set_leases = _RW_SET_LEASES if self.side else _SET_LEASES
-                await a.eval(set_leases, 1, key, ms, ENDED_STAYS_MS if ms == 0 else 0)
+                await a.eval(set_leases, 1, each, ms, ENDED_STAYS_MS if ms == 0 else 0)
             else:
-                await a.pexpire(key, max(ms, 1))
+                await a.pexpire(each, max(ms, 1))
 
     async def delete(self, key: str) -> None:
-        """Delete ``key`` on every server (and a read-write lock's index beside it)."""
+        """Delete ``key`` on every server (and a read-write lock's index beside it).
+
+        A MultiLock's: the key of each of its names.
+        """
         for a in self.admins:
-            await a.delete(key)
+            await a.delete(*self._every_key(key))
             if self.side:
                 await a.delete(key + RW_INDEX_SUFFIX)
 

@@ -40,7 +40,9 @@ def all_keys(name: str) -> str:
 def keys_of(lock: Any, prefix: str = DEFAULT_PREFIX) -> Keys:
     """The key names of ``lock`` (made with ``prefix``), checked against its own ``key``."""
     kind = {"Semaphore": "semaphore", "RWSide": "rw"}.get(type(lock).__name__, "lock")
-    keys = Keys(lock.name, prefix, kind=kind)
+    # (A MultiLock's key is its first name's.)
+    name = lock.names[0] if type(lock).__name__ == "MultiLock" else lock.name
+    keys = Keys(name, prefix, kind=kind)
     assert keys.lock == lock.key, (keys, lock.key)
     return keys
 

@@ -1363,7 +1363,15 @@ async def test_multilock_across_slots_loses_the_whole_and_fences_every_name(
     """One fence above every name's, later fences above it; one key deleted loses the whole."""
     names = spread_names(cluster, tag, 1)
     client = clients(cluster)
-    before = []
+    # One name's counter far above the clock's floor: its slot draws the largest fence,
+    # and the other slots' counters must be raised to it.
+    high = 4 * 10**15
+    admin = direct(cluster.node_for_key(Keys(names[2]).fence))
+    try:
+        await admin.set(Keys(names[2]).fence, high)
+    finally:
+        await admin.aclose()
+    before = [high]
     for n in names[:2]:
         single = AsyncLock(client, n, fencing=True)
         async with single:
