@@ -293,7 +293,10 @@ def test_the_graph_sees_the_benchmarks_imports() -> None:
     """The graph has every benchmark and both forms of import they use, so the check bites."""
     graph = import_graph(BENCHMARKS)
     targets = {module: {edge.target for edge in edges} for module, edges in graph.items()}
-    names = ("contention", "family", "handoff", "redlock", "scale", "seckill", "soak", "waiting")
+    names = (
+        *("contention", "family", "handoff", "multi"),
+        *("redlock", "scale", "seckill", "soak", "waiting"),
+    )
     assert {f"benchmarks.{name}" for name in names} <= set(graph)
     assert "benchmarks._subjects" in targets["benchmarks.family"]  # from ._subjects import
     assert "benchmarks._seckill_app" in targets["benchmarks.seckill"]  # from benchmarks.… import
