@@ -14,13 +14,20 @@ from typing import Final
 import pytest
 
 from aiolock._lease import Lease, Queueing
+from aiolock._multi_lease import MultiLease
 from aiolock._quorum import QuorumLease
 from aiolock._rwlock import RWLease
 from aiolock._semaphore import SemaphoreLease
 from aiolock._server_lease import ServerLease
 
 #: Every lease class of aiolock is a Lease (mypy checks these assignments).
-LEASES: Final[tuple[type[Lease], ...]] = (ServerLease, SemaphoreLease, RWLease, QuorumLease)
+LEASES: Final[tuple[type[Lease], ...]] = (
+    ServerLease,
+    SemaphoreLease,
+    RWLease,
+    QuorumLease,
+    MultiLease,
+)
 #: The leases that queue on their server.
 QUEUEING: Final = (ServerLease, SemaphoreLease, RWLease)
 
@@ -65,3 +72,15 @@ def test_a_quorum_lease_has_no_queueing_part() -> None:
     """Redlock's lease does not queue: ``queueing`` is None, and no queueing member is there."""
     assert QuorumLease.queueing is None
     assert members(Queueing) & set(dir(QuorumLease)) == set()
+
+
+def multi_queueing_of(lease: MultiLease) -> Queueing:
+    """A MultiLock's lease's queueing part, as the engine sees it (mypy checks the type)."""
+    return lease.queueing
+
+
+def test_a_multi_lease_is_its_own_queueing_part_that_queues_nobody() -> None:
+    """A MultiLock's lease hears releases (its queueing part is itself) but never queues."""
+    missing = {name for name in members(Queueing) if not hasattr(MultiLease, name)}
+    assert missing == set()
+    assert isinstance(vars(MultiLease)["queueing"], property)
