@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
+from support.checkout import start_python
 
 from aiolock import AsyncLock, LockError, LockLostError, MultiLock, Semaphore, backoff
 from aiolock._keys import Keys
@@ -156,6 +158,79 @@ async def test_four_processes_in_opposite_orders_neither_deadlock_nor_overlap(
         finished = await asyncio.gather(*(worker(i) for i in range(4)))
     assert finished == [rounds] * 4
     assert overlaps == []
+    assert await keys_left(admin, name) == []
+
+
+#: One "process" of the test below: takes its MultiLock ``ROUNDS`` times, and inside
+#: counts, per name, the holders a witness on the server saw (INCR: 1 when alone).
+OPPOSITE_WORKER = """
+import asyncio, json, sys
+import redis.asyncio as redis
+from aiolock import MultiLock
+async def main(url, names, rounds, go):
+    client = redis.Redis.from_url(url)
+    lock = MultiLock(client, json.loads(names), ttl=5.0, timeout=30.0)
+    overlaps = holdings = 0
+    print("ready", flush=True)
+    await client.blpop([go], timeout=20)
+    for _ in range(int(rounds)):
+        async with lock:
+            for name in lock.names:
+                if await client.incr("witness:" + name) != 1:
+                    overlaps += 1
+            await asyncio.sleep(0.002)
+            for name in lock.names:
+                await client.decr("witness:" + name)
+            holdings += 1
+    await client.aclose()
+    print(json.dumps({"overlaps": overlaps, "holdings": holdings}), flush=True)
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.one_loop
+async def test_four_os_processes_in_opposite_orders_neither_deadlock_nor_overlap(
+    server: RedisServer, admin: redis.Redis, name: str
+) -> None:
+    """4 OS processes take overlapping name sets in opposite orders: all finish, none overlap.
+
+    A witness per name on the server (``INCR`` on entry, ``DECR`` on exit)
+    never sees two holders of one name.
+    """
+    n = [f"{name}:{i}" for i in range(4)]
+    sets = [[n[0], n[1], n[2]], [n[2], n[1], n[0]], [n[3], n[1]], [n[1], n[3], n[0]]]
+    rounds = 20
+    go = f"go:{name}"
+    procs = [
+        await start_python(
+            OPPOSITE_WORKER,
+            server.url,
+            json.dumps(s),
+            str(rounds),
+            go,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for s in sets
+    ]
+    try:
+        async with asyncio.timeout(60):
+            for proc in procs:
+                assert proc.stdout is not None
+                assert await proc.stdout.readline() == b"ready\n"
+            await admin.rpush(go, *range(len(procs)))
+            outputs = [await proc.communicate() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert [proc.returncode for proc in procs] == [0] * len(procs)
+    reports = [json.loads(out) for out, _ in outputs]
+    assert [r["holdings"] for r in reports] == [rounds] * len(procs)
+    assert [r["overlaps"] for r in reports] == [0] * len(procs)
+    assert [await admin.get(f"witness:{each}") for each in n] == ["0"] * len(n)
+    await admin.delete(*(f"witness:{each}" for each in n))
     assert await keys_left(admin, name) == []
 
 
