@@ -9,7 +9,7 @@
 -- return 2 if the key held the token and the lock went to the first live waiter of the
 --     queue; 1 if it held the token and nobody was queued (the key is deleted and the
 --     release announced); 0 if the key was not ours (nothing is touched). The
---     announcements are best effort (see lib/tell.lua).
+--     announcements are best effort (see lib/announce.lua).
 --@include grant
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
