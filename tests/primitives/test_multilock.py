@@ -23,7 +23,7 @@ from support.checkout import start_python
 
 from aiolock import AsyncLock, LockError, LockLostError, MultiLock, Semaphore, backoff
 from aiolock._keys import Keys
-from aiolock.testing import RedisServer
+from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -238,13 +238,21 @@ async def test_four_os_processes_in_opposite_orders_neither_deadlock_nor_overlap
 
 
 async def test_cancelled_at_random_moments_leaves_no_key(
-    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+    proxy: FaultProxy,
+    proxied: redis.Redis,
+    other_client: redis.Redis,
+    admin: redis.Redis,
+    name: str,
 ) -> None:
     """60 acquisitions cancelled at random moments, half of them contended: no key is left.
 
-    Cancelled before, during or after its script, while it polls, or while
-    it holds; another "process" takes and gives back one of the names meanwhile.
+    Through a link with 1 ms each way, so that many cancellations land while
+    a script is in flight (it may have run: the token is taken back); others
+    land before it, while it polls, or while it holds. Another "process"
+    takes and gives back one of the names meanwhile.
     """
+    client = proxied
+    proxy.set_latency(0.001)
     rng = random.Random(4321)
     names = [f"{name}:a", f"{name}:b", f"{name}:c"]
     rival = AsyncLock(other_client, names[1], ttl=5.0)
@@ -260,7 +268,7 @@ async def test_cancelled_at_random_moments_leaves_no_key(
         if contended:
             await rival.acquire()
         task = asyncio.create_task(one())
-        await asyncio.sleep(rng.uniform(0, 0.004))
+        await asyncio.sleep(rng.uniform(0, 0.008))
         if contended and rng.random() < 0.5:
             await rival.release()
         task.cancel()
