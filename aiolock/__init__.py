@@ -26,6 +26,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import backoff
+    from ._election import Election, Term
     from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
     from ._guard import guard
     from ._leaselock import LockStatistics
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AcquireTimeout",
     "AsyncLock",
+    "Election",
     "LockError",
     "LockEvent",
     "LockLostError",
@@ -46,6 +48,7 @@ __all__ = [
     "ReadWriteLock",
     "Redlock",
     "Semaphore",
+    "Term",
     "__version__",
     "add_observer",
     "backoff",
@@ -57,6 +60,7 @@ __all__ = [
 _HOMES = {
     "AcquireTimeout": "._exceptions",
     "AsyncLock": "._lock",
+    "Election": "._election",
     "LockError": "._exceptions",
     "LockEvent": "._observe",
     "LockLostError": "._exceptions",
@@ -65,6 +69,7 @@ _HOMES = {
     "ReadWriteLock": "._rwlock",
     "Redlock": "._redlock",
     "Semaphore": "._semaphore",
+    "Term": "._election",
     "add_observer": "._observe",
     "backoff": ".backoff",
     "guard": "._guard",
