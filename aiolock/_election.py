@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ._lease import Lease
     from ._types import Client
 
-__all__ = ["Election", "Term"]
+__all__ = ["Election", "Term", "standby"]
 
 logger = logging.getLogger("aiolock")
 
@@ -93,26 +93,44 @@ class _Candidacy(LeaseLock):
 class Term:
     """One term of leadership: what ``Election.lead()`` gives its body.
 
-    Attributes:
-        name: the election's name.
-        identity: the leader's identity (this candidate's), as others read it.
-        fence: the term's fencing number: above that of every earlier term of
-            the election, so a resource that remembers the highest fence it
-            has seen can refuse a deposed leader's late writes.
+    A term is made by :meth:`Election.lead` and ends with its body.
     """
 
-    __slots__ = ("_scope", "ended", "fence", "identity", "name")
+    __slots__ = ("_ended", "_fence", "_identity", "_name", "_scope")
 
     def __init__(self, name: str, identity: str, fence: int, scope: anyio.CancelScope) -> None:
-        self.name = name
-        self.identity = identity
-        self.fence = fence
-        #: Set once the term is over (its lock released or lost).
-        self.ended = asyncio.Event()
+        self._name = name
+        self._identity = identity
+        self._fence = fence
+        self._ended = asyncio.Event()
         self._scope = scope
 
+    @property
+    def name(self) -> str:
+        """The election's name."""
+        return self._name
+
+    @property
+    def identity(self) -> str:
+        """The leader's identity (this candidate's), as others read it."""
+        return self._identity
+
+    @property
+    def fence(self) -> int:
+        """The term's fencing number, above that of every earlier term of the election.
+
+        A resource that remembers the highest fence it has seen can refuse
+        a deposed leader's late writes with it.
+        """
+        return self._fence
+
+    @property
+    def ended(self) -> asyncio.Event:
+        """Set once the term is over (its lock released or lost)."""
+        return self._ended
+
     def __repr__(self) -> str:
-        state = "ended" if self.ended.is_set() else "leading"
+        state = "ended" if self._ended.is_set() else "leading"
         return f"<Term {self.name!r} identity={self.identity!r} fence={self.fence} {state}>"
 
 
@@ -293,21 +311,24 @@ class Election:
             try:
                 await lock.__aexit__(type(exc), exc, exc.__traceback__)
             finally:
-                term.ended.set()
+                term._ended.set()
             raise
         self._forget(task, term)
         try:
             await lock.__aexit__(None, None, None)
         finally:
-            term.ended.set()
+            term._ended.set()
 
     def _forget(self, task: asyncio.Task[Any], term: Term) -> None:
         """``term`` of ``task`` is ending: :meth:`resign` no longer sees it."""
         if self._terms.get(task) is term:
             del self._terms[task]
 
-    async def _campaign(self) -> None:
+    async def _campaign(self) -> bool:
         """Acquire the term's lock, watching this candidate's link to the server meanwhile.
+
+        Returns whether it was acquired (False only past a ``timeout`` of
+        the lock's: ``aiolock run --elect --timeout``).
 
         Raises:
             redis.exceptions.ConnectionError: the server did not answer for
@@ -324,9 +345,9 @@ class Election:
             finally:
                 watchdog.cancel()
                 await finish([watchdog])
-        if acquired:
-            return  # (whatever the watchdog saw: the term is ours, and renewal watches it)
-        error = failure[0] if failure else RedisTimeoutError("the campaign was cut off")
+        if acquired or not failure:
+            return acquired  # (a win is ours, whatever the watchdog saw: renewal watches it)
+        error = failure[0]
         message = (
             f"election {self._name!r}: the server did not answer this candidate "
             f"({self._lock._identity or default_identity()}) for {self._link_bound():g} s, "
@@ -390,7 +411,7 @@ class Election:
         await anyio.lowlevel.checkpoint()  # in the body: the cancellation is raised here
         for task, term in terms:
             if task is not me:
-                await term.ended.wait()
+                await term._ended.wait()
         return True
 
     async def run(self, job: Callable[[Term], Awaitable[T]]) -> T:
@@ -443,7 +464,7 @@ class Election:
         leader, _ = await self._read()
         return leader
 
-    async def observe(self) -> AsyncIterator[str | None]:
+    async def observe(self) -> AsyncGenerator[str | None]:
         """Yield the leader's identity at once and on every change; None while nobody leads.
 
         A leader is never reported once its term has ended: the leader is
@@ -494,6 +515,41 @@ class Election:
         if token is None or pttl == -2:
             return None, -2
         return identity_of(token) or UNKNOWN, pttl
+
+
+def standby(
+    client: Client,
+    name: str,
+    *,
+    ttl: float,
+    identity: str | None,
+    prefix: str,
+    timeout: float | None,
+    on_lost: Callable[[Any], object],
+) -> Election:
+    """An election whose candidate waits at most ``timeout`` and reports a loss to ``on_lost``.
+
+    For ``aiolock run --elect``, which terminates its command on a loss
+    rather than cancelling a body: it campaigns with
+    :meth:`Election._campaign` and holds the term as a lock (``_lock``).
+    """
+    election = Election(client, name, ttl=ttl, identity=identity, prefix=prefix)
+    election._lock = _Candidacy(
+        election._lock._lease,
+        Options.of(
+            ttl=election.ttl,
+            timeout=timeout,
+            blocking=True,
+            backoff=None,
+            auto_renew=True,
+            on_lost=on_lost,
+            cancel_on_lost=False,
+            reentrant=False,
+            max_hold=None,
+        ),
+        election.identity,
+    )
+    return election
 
 
 #: No leader reported yet.
