@@ -71,8 +71,12 @@ UNKNOWN: Final = "unknown"
 _LINK_ERRORS: Final = (RedisError, RedisClusterException, OSError)
 
 
-class _Candidacy(LeaseLock):
-    """The lock a term holds: the engine, with tokens that carry the candidate's identity."""
+class ElectionLock(LeaseLock):
+    """The lock a term holds: the engine, with tokens that carry the candidate's identity.
+
+    Observers see it as the event's ``lock`` (``aiolock.lock.type`` is
+    ``ElectionLock`` in the OpenTelemetry metrics).
+    """
 
     __slots__ = ("_identity",)
 
@@ -228,7 +232,7 @@ class Election:
         self._identity = identity
         self._pauses = DEFAULT_RUN_BACKOFF if backoff is None else _backoff._coerce(backoff)
         lease = server_lease(client, name, prefix, ttl, True, True, 0, None, False, True)
-        self._lock = _Candidacy(
+        self._lock = ElectionLock(
             lease,
             Options.of(
                 ttl=ttl,
@@ -534,7 +538,7 @@ def standby(
     :meth:`Election._campaign` and holds the term as a lock (``_lock``).
     """
     election = Election(client, name, ttl=ttl, identity=identity, prefix=prefix)
-    election._lock = _Candidacy(
+    election._lock = ElectionLock(
         election._lock._lease,
         Options.of(
             ttl=election.ttl,
