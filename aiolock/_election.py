@@ -66,9 +66,10 @@ LINK_BOUND: Final = 2.0
 #: What :meth:`Election.observe` reports for a holder whose token names nobody (a plain
 #: lock on the election's name).
 UNKNOWN: Final = "unknown"
-#: What the server or the client may raise about the link: redis-py's errors, the
-#: cluster client's own (not a ``RedisError``), and the socket's.
-_LINK_ERRORS: Final = (RedisError, RedisClusterException, OSError)
+#: What says that the link to the server failed (not the server's answer to a command):
+#: redis-py's connection errors and timeouts, the cluster client's own (not a
+#: ``RedisError``), and the socket's.
+_LINK_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError)
 
 
 class ElectionLock(LeaseLock):
@@ -367,8 +368,8 @@ class Election:
     async def _watch_link(self, scope: anyio.CancelScope, failure: list[BaseException]) -> None:
         """Ask the server for the term's ``PTTL`` now and then; cancel ``scope`` if it is silent.
 
-        Silent: no answer for :meth:`_link_bound` seconds (an error does not
-        count as an answer). The campaign itself never sees this: a queued
+        Silent: no answer for :meth:`_link_bound` seconds (a failed link, a
+        timeout, is no answer; an error reply is one). The campaign itself never sees this: a queued
         candidate sends nothing but refreshes, which it lets fail quietly.
         """
         bound = self._link_bound()
@@ -384,6 +385,9 @@ class Election:
                         await self._client.pttl(self._keys.lock)
                     except _LINK_ERRORS as exc:
                         error = exc
+                    except RedisError:
+                        answered = time.monotonic()  # an error reply is an answer
+                        continue
                     else:
                         answered = time.monotonic()
                         continue
@@ -432,7 +436,9 @@ class Election:
             TypeError: ``job`` is not callable.
             redis.exceptions.ConnectionError: the server did not answer this
                 candidate for two leases (at least 2 s) while it campaigned
-                (see :meth:`lead`).
+                (see :meth:`lead`); any other error of a campaign (not of a
+                term) ends ``run()`` too: a ``LockError`` when the name is
+                another kind's, redis-py's error when the server refuses.
         """
         if not callable(job):
             raise TypeError(f"job must be a callable that takes the Term, got {job!r}")
@@ -444,18 +450,17 @@ class Election:
                 async with self.lead() as term:
                     started = time.monotonic()
                     return await job(term)
-            except LockLostError as exc:
-                logger.warning("election %r: leadership lost: %s", self._name, exc)
-            except RedisConnectionError:
+            except Exception as exc:
                 if started is None:
-                    raise  # the campaign stopped: its server does not answer
-                logger.warning(
-                    "election %r: the job failed; campaigning again", self._name, exc_info=True
-                )
-            except Exception:
-                logger.warning(
-                    "election %r: the job failed; campaigning again", self._name, exc_info=True
-                )
+                    raise  # the campaign failed: its server does not answer, a wrong kind, ...
+                if isinstance(exc, LockLostError):
+                    logger.warning("election %r: leadership lost: %s", self._name, exc)
+                else:
+                    logger.warning(
+                        "election %r: the job failed; campaigning again",
+                        self._name,
+                        exc_info=True,
+                    )
             if started is not None and time.monotonic() - started >= self._ttl:
                 pauses = self._pauses.delays()  # a term that lasted: the pauses start again
             step = _backoff._check_delay(next(pauses, step))
