@@ -28,7 +28,7 @@ from support.servers import Own, connected
 from support.timing import Lateness, eventually
 
 from aiolock import Election, LockError, LockLostError, Semaphore, Term
-from aiolock._identity import identity_of, token_with
+from aiolock._identity import check_identity, default_identity, identity_of, token_with
 from aiolock._keys import Keys
 from aiolock.testing import FaultProxy, RedisServer
 
@@ -98,6 +98,20 @@ def test_identity_travels_in_the_token() -> None:
     assert identity_of(token.encode()) == "host a:42:Task 7 é"
     assert identity_of(os.urandom(16).hex()) is None
     assert token_with("a") != token_with("a")
+
+
+async def test_a_default_identity_is_always_a_valid_one() -> None:
+    """A task name with a newline, or very long, still gives a printable identity of <= 256."""
+
+    async def noop() -> None:
+        await asyncio.sleep(0)
+
+    for task_name in ("line\nbreak", "x" * 400):
+        task = asyncio.create_task(noop(), name=task_name)
+        identity = default_identity(task)
+        await task
+        assert check_identity(identity) == identity
+    assert check_identity("y" * 256) == "y" * 256
 
 
 # --- terms ----------------------------------------------------------------------------------------
