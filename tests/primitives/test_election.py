@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from support.servers import Own, connected
 from support.timing import Lateness, eventually
 
-from aiolock import Election, LockError, LockLostError, Semaphore, Term
+from aiolock import Election, LockError, LockEvent, LockLostError, Semaphore, Term
 from aiolock._identity import check_identity, default_identity, identity_of, token_with
 from aiolock._keys import Keys
 from aiolock.testing import FaultProxy, RedisServer
@@ -134,6 +134,19 @@ async def test_terms_have_increasing_fences_and_show_their_leader(
             assert term.ended.is_set()
             assert await election.leader() is None
     assert all(b > a for a, b in itertools.pairwise(fences)), fences
+
+
+async def test_a_term_reports_to_the_observers(
+    client: redis.Redis, admin: redis.Redis, name: str, events: list[LockEvent], no_leaks: None
+) -> None:
+    """A term gives one "acquired" and one "released" event of its ElectionLock, with its fence."""
+    election = Election(client, name, ttl=2.0, identity="a")
+    async with cleaned(admin, name), election.lead() as term:
+        pass
+    mine = [e for e in events if e.name == name]
+    assert [e.kind for e in mine] == ["acquired", "released"]
+    assert {type(e.lock).__name__ for e in mine} == {"ElectionLock"}
+    assert {e.fence for e in mine} == {term.fence}
 
 
 async def test_default_identity_is_host_pid_and_task(
