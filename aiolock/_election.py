@@ -341,13 +341,17 @@ class Election:
         """
         failure: list[BaseException] = []
         acquired = False
+        stop = asyncio.Event()
         with anyio.CancelScope() as scope:
-            watchdog = asyncio.ensure_future(self._watch_link(scope, failure))
+            watchdog = asyncio.ensure_future(self._watch_link(scope, failure, stop))
             try:
                 acquired = await self._lock.acquire()
             except _LINK_ERRORS as exc:
                 failure.append(exc)
             finally:
+                # Told, then cancelled: a cancellation that redis-py's wait_for swallowed
+                # (CPython gh-86296) must not leave the watchdog running, and us waiting.
+                stop.set()
                 watchdog.cancel()
                 await finish([watchdog])
         if acquired or not failure:
@@ -365,19 +369,26 @@ class Election:
         """How long a campaigning candidate waits for any answer of its server."""
         return max(2 * self._ttl, LINK_BOUND)
 
-    async def _watch_link(self, scope: anyio.CancelScope, failure: list[BaseException]) -> None:
+    async def _watch_link(
+        self, scope: anyio.CancelScope, failure: list[BaseException], stop: asyncio.Event
+    ) -> None:
         """Ask the server for the term's ``PTTL`` now and then; cancel ``scope`` if it is silent.
 
         Silent: no answer for :meth:`_link_bound` seconds (a failed link, a
-        timeout, is no answer; an error reply is one). The campaign itself never sees this: a queued
-        candidate sends nothing but refreshes, which it lets fail quietly.
+        timeout, is no answer; an error reply is one). The campaign itself
+        never sees this: a queued candidate sends nothing but refreshes,
+        which it lets fail quietly. It ends when ``stop`` is set, whatever
+        happened to a cancellation meanwhile.
         """
         bound = self._link_bound()
         every = min(self._ttl / 3, bound / 4)
         answered = time.monotonic()
         error: BaseException | None = None
         while True:
-            await anyio.sleep(every)
+            with anyio.move_on_after(every):
+                await stop.wait()
+            if stop.is_set():
+                return
             left = answered + bound - time.monotonic()
             if left > 0:
                 with anyio.move_on_after(left):
@@ -391,6 +402,8 @@ class Election:
                     else:
                         answered = time.monotonic()
                         continue
+            if stop.is_set():
+                return
             if time.monotonic() >= answered + bound:
                 failure.append(
                     error or RedisTimeoutError(f"no answer from the server within {bound:g} s")
