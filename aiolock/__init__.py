@@ -26,6 +26,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import backoff
+    from ._election import Election, Term
     from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
     from ._guard import guard
     from ._leaselock import LockStatistics
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AcquireTimeout",
     "AsyncLock",
+    "Election",
     "LockError",
     "LockEvent",
     "LockLostError",
@@ -48,6 +50,7 @@ __all__ = [
     "ReadWriteLock",
     "Redlock",
     "Semaphore",
+    "Term",
     "__version__",
     "add_observer",
     "backoff",
@@ -59,6 +62,7 @@ __all__ = [
 _HOMES = {
     "AcquireTimeout": "._exceptions",
     "AsyncLock": "._lock",
+    "Election": "._election",
     "LockError": "._exceptions",
     "LockEvent": "._observe",
     "LockLostError": "._exceptions",
@@ -68,6 +72,7 @@ _HOMES = {
     "ReadWriteLock": "._rwlock",
     "Redlock": "._redlock",
     "Semaphore": "._semaphore",
+    "Term": "._election",
     "add_observer": "._observe",
     "backoff": ".backoff",
     "guard": "._guard",

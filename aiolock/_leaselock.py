@@ -226,7 +226,7 @@ class LeaseLock(Watch):
             deadline = None
         else:
             deadline = started + wait
-        call = Call()
+        call = self._new_call()
         call.renews = self._auto_renew
         try:
             won = await obtain(
@@ -251,6 +251,14 @@ class LeaseLock(Watch):
                 "acquired", holding, waited=time.monotonic() - started, contended=call.contended
             )
         return True
+
+    def _new_call(self) -> Call:
+        """The record of one ``acquire()`` call, with its new token.
+
+        A primitive whose tokens carry more than 128 random bits (an
+        election's carry its candidate's identity) makes its own.
+        """
+        return Call()
 
     async def release(self) -> None:
         """Release the lock: delete the key if it is still ours and let the next holder in.

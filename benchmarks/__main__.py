@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from ._runner import EXIT_MISSED, add_common_args, repro_command
 
 #: The benchmarks, in the order they run.
-BENCHMARKS = ("contention", "handoff", "seckill", "redlock", "family", "multi")
+BENCHMARKS = ("contention", "handoff", "seckill", "redlock", "family", "multi", "failover")
 
 
 def _load(name: str) -> Callable[[Sequence[str]], int | None] | None:

@@ -73,6 +73,7 @@ nitpick_ignore_regex = [
     # Other libraries' names in signatures and docstrings (redis-py, OpenTelemetry, the
     # standard library): this site has no page for them to link to.
     ("py:.*", r"(redis|anyio|opentelemetry|asyncio|_asyncio|collections\.abc|typing)\..+"),
+    ("py:.*", r"contextlib\..+"),
     ("py:.*", r"Redis|RedisCluster|MeterProvider|str\.format"),
     # aiolock's private names (a sentinel's type in a signature, a private module named by a
     # docstring): not part of the reference, so shown without a link.

@@ -1,12 +1,18 @@
-"""The ``aiolock`` command: ``run``, ``status``, ``demo`` and ``server``.
+"""The ``aiolock`` command: ``run``, ``status``, ``leader``, ``demo`` and ``server``.
 
 ``aiolock run NAME -- CMD [ARGS...]``
     A distributed ``flock(1)`` for cron jobs: waits for the lock ``NAME``,
     runs ``CMD`` while holding it (renewing its lease), releases it, and exits
     with ``CMD``'s status. See :mod:`aiolock._cli._run`.
+``aiolock run --elect NAME -- CMD [ARGS...]``
+    A standby for a service that must run once: campaigns in the election
+    ``NAME`` and runs ``CMD`` only while this candidate leads.
 ``aiolock status NAME``
     Whether the lock is held, its remaining lease and its fence
     (:mod:`aiolock._cli._status`).
+``aiolock leader NAME``
+    Who leads the election ``NAME``; ``--watch`` prints every change
+    (:mod:`aiolock._cli._leader`).
 ``aiolock demo``
     A contention demo (:mod:`aiolock._cli._demo`, on :mod:`aiolock._demo`).
 ``aiolock server``
@@ -14,8 +20,9 @@
     (:mod:`aiolock._cli._server`).
 
 The parser is :mod:`aiolock._cli._parser`, the dispatch
-:mod:`aiolock._cli._main`. ``run`` and ``status`` talk to the server named by
-``--url``, else by ``$AIOLOCK_URL``, else ``redis://localhost:6379/0``
+:mod:`aiolock._cli._main`. ``run``, ``status`` and ``leader`` talk to the
+server named by ``--url``, else by ``$AIOLOCK_URL``, else
+``redis://localhost:6379/0``
 (``--cluster`` for a Redis Cluster). A password in the URL is never printed
 (:mod:`aiolock._cli._urls`).
 

@@ -48,7 +48,7 @@ EX_OK: Final = 0
 EX_FAILURE: Final = 1
 #: Bad usage (argparse uses it too).
 EX_USAGE: Final = 2
-#: ``status``: the lock is free.
+#: ``status``: the lock is free; ``leader``: nobody leads.
 EX_FREE: Final = 3
 #: The server could not be reached or answered with an error (sysexits ``EX_UNAVAILABLE``).
 EX_UNAVAILABLE: Final = 69
@@ -64,7 +64,7 @@ EX_NOT_FOUND: Final = 127
 EX_SIGNAL_BASE: Final = 128
 
 #: The subcommands, in the order ``aiolock --help`` lists them.
-COMMANDS: Final = ("run", "status", "demo", "server")
+COMMANDS: Final = ("run", "status", "leader", "demo", "server")
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,13 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "the lock is held (a semaphore: at least one permit is; a read-write lock: "
         "a reader or the writer holds)",
     ),
+    ExitStatus(
+        "0",
+        "EX_OK",
+        ("leader",),
+        "someone leads (its identity is printed); with `--watch`, stopped by a signal "
+        "(SIGINT, SIGTERM)",
+    ),
     ExitStatus("0", "EX_OK", ("demo",), "every acquisition done, no overlap"),
     ExitStatus("0", "EX_OK", ("server",), "stopped by a signal (Ctrl-C, SIGTERM)"),
     ExitStatus("N", "", ("run",), "the command's own exit status, passed through"),
@@ -113,19 +120,20 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "2",
         "EX_USAGE",
         ("run",),
-        "a `--limit` below 1, or `--limit` with `--fencing` (a usage message says which)",
+        "a `--limit` below 1, `--limit` with `--fencing` or `--elect`, or `--identity` "
+        "without `--elect` (a usage message says which)",
     ),
     ExitStatus(
         "2",
         "EX_USAGE",
-        ("run", "status", "demo"),
+        ("run", "status", "leader", "demo"),
         "a malformed server URL, or a URL option that redis-py does not take or cannot "
         "use, such as `?bogus=1` or `?protocol=9` (one `aiolock:` line names it)",
     ),
     ExitStatus(
         "2",
         "EX_USAGE",
-        ("run", "status"),
+        ("run", "status", "leader"),
         "a name or prefix the lock refuses (an empty name, a name that starts with `}`, "
         "a prefix that contains `{}`); one `aiolock:` line says why",
     ),
@@ -143,6 +151,7 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         ("status",),
         "the lock is free (a semaphore: no permit is held; a read-write lock: nobody holds)",
     ),
+    ExitStatus("3", "EX_FREE", ("leader",), "nobody leads (nothing is printed)"),
     ExitStatus(
         "69",
         "EX_UNAVAILABLE",
@@ -155,7 +164,7 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
     ExitStatus(
         "69",
         "EX_UNAVAILABLE",
-        ("status",),
+        ("status", "leader"),
         "the server could not be reached, answered with an error, or did not answer in "
         "time (`EX_UNAVAILABLE`)",
     ),
@@ -177,7 +186,8 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "70",
         "EX_LOST",
         ("run",),
-        "the lock (with `--limit`, the permit) was lost (`EX_SOFTWARE`): while the command "
+        "the lock (with `--limit`, the permit; with `--elect`, the lead) was lost "
+        "(`EX_SOFTWARE`): while the command "
         "ran (it was sent SIGTERM, then SIGKILL after `--grace` seconds), before the "
         "command started (it did not run), or found at the release after the command had "
         "ended (nothing was terminated)",
@@ -186,7 +196,8 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "75",
         "EX_TEMPFAIL",
         ("run",),
-        "the lock was held by someone else (with `--limit`, every permit was taken) until "
+        "the lock was held by someone else (with `--limit`, every permit was taken; with "
+        "`--elect`, another candidate led) until "
         "the deadline (`--timeout`; at once with `-n`); the command did not run "
         "(`EX_TEMPFAIL`)",
     ),

@@ -51,6 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = list(args.argv)
         if not command:
             found.commands["run"].error("the command to run is missing (give it after --)")
+        if args.elect and args.limit is not None:
+            found.commands["run"].error(
+                "--elect cannot go with --limit: an election has one leader at a time"
+            )
+        if args.identity is not None and not args.elect:
+            found.commands["run"].error("--identity goes with --elect only")
         if args.limit is not None and args.fencing:
             found.commands["run"].error(
                 "--fencing cannot go with --limit: a semaphore's holders run at the same "
@@ -70,8 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ttl=args.ttl,
                 timeout=0.0 if args.nonblock else args.timeout,
                 grace=args.grace,
-                fencing=args.fencing,
+                fencing=args.fencing or args.elect,
                 limit=args.limit,
+                elect=args.elect,
+                identity=args.identity,
             )
         )
     if args.command == "status":
@@ -86,6 +94,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster=args.cluster,
                 prefix=args.prefix,
                 json=args.json,
+            )
+        )
+    if args.command == "leader":
+        from ._leader import LeaderConfig, show_leader
+        from ._urls import resolve_url
+
+        _quiet_logging(args.verbose)
+        return show_leader(
+            LeaderConfig(
+                name=args.name,
+                url=resolve_url(args.url),
+                cluster=args.cluster,
+                prefix=args.prefix,
+                watch=args.watch,
             )
         )
     if args.command == "demo":

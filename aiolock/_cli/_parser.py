@@ -202,6 +202,23 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
             "not with --fencing)"
         ),
     )
+    holding.add_argument(
+        "--elect",
+        action="store_true",
+        help=(
+            "campaign in the election NAME instead of taking a lock: wait as a standby "
+            "(candidates are served in the order they came) and run COMMAND only while "
+            "this candidate leads; the term is fenced (AIOLOCK_FENCE), and a lost term "
+            "ends COMMAND as a lost lock does (not with --limit)"
+        ),
+    )
+    holding.add_argument(
+        "--identity",
+        metavar="TEXT",
+        help=(
+            "with --elect: how `aiolock leader` shows this candidate (default: HOST:PID of aiolock)"
+        ),
+    )
 
     status = commands.add_parser(
         "status",
@@ -223,6 +240,22 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
     )
     status.add_argument("name", metavar="NAME", help="the lock's name")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    leader = commands.add_parser(
+        "leader",
+        parents=[shared],
+        help="print who leads an election (exit 0), or nothing if nobody does (exit 3)",
+        description=(
+            "Print the identity of the leader of the election NAME (aiolock run --elect, "
+            "or aiolock.Election), or nothing if nobody leads. With --watch, print the "
+            "leader now and a line at every change, '-' while nobody leads, until "
+            "SIGINT or SIGTERM. A leader whose term has run out is never printed."
+        ),
+        epilog="example:\n  aiolock leader --watch scheduler\n\n" + epilog("leader"),
+        formatter_class=_Formatter,
+    )
+    leader.add_argument("name", metavar="NAME", help="the election's name")
+    leader.add_argument("--watch", action="store_true", help="print every change until interrupted")
 
     demo = commands.add_parser(
         "demo",
@@ -261,7 +294,10 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
     server.add_argument(
         "--port", type=_port, default=6379, help="the port to listen on (default: %(default)s)"
     )
-    return Parsers(parser, {"run": run, "status": status, "demo": demo, "server": server})
+    return Parsers(
+        parser,
+        {"run": run, "status": status, "leader": leader, "demo": demo, "server": server},
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,9 +5,13 @@ with :class:`~aiolock.AsyncLock` (renewed every ``ttl/3``; with ``--limit N``
 one of ``N`` permits of a :class:`~aiolock.Semaphore`) while ``CMD`` runs as a
 child process, releases it when ``CMD`` ends, and exits with ``CMD``'s
 status. It is meant for cron jobs and timers that must not run twice at once
-across machines. Its exit statuses, and the one line it prints with a status
-of its own, are in :mod:`aiolock._cli._codes`: the first problem decides,
-and a run prints at most one line.
+across machines. With ``--elect`` it is a standby instead: it campaigns in
+the :class:`~aiolock.Election` ``NAME`` (candidates are served in the order
+they came) and runs ``CMD`` only while this candidate leads, in a fenced
+term; a lost term ends ``CMD`` as a lost lock does. Its exit statuses,
+and the one line it prints with a status of its own, are in
+:mod:`aiolock._cli._codes`: the first problem decides, and a run prints at
+most one line.
 
 **Signals.** SIGHUP, SIGINT, SIGQUIT and SIGTERM received by ``aiolock run``
 while the command runs are passed on to it, and the lock is held until it
@@ -33,13 +37,17 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TextIO
 
 import anyio
 
+from .._election import standby
 from .._exceptions import LockError, LockLostError, LockNotOwnedError
+from .._leaselock import LeaseLock
 from .._lock import AsyncLock
 from .._semaphore import Semaphore
 from .._types import Client
@@ -98,6 +106,9 @@ class RunConfig:
         fencing: number the acquisition; the command gets ``AIOLOCK_FENCE``.
         limit: take one of ``limit`` permits of a :class:`~aiolock.Semaphore`
             named ``name`` instead of the lock (None: the lock).
+        elect: campaign in the :class:`~aiolock.Election` named ``name`` and
+            run the command while this candidate leads (a fenced term).
+        identity: the candidate's identity with ``elect`` (None: ``host:pid``).
     """
 
     name: str
@@ -110,10 +121,14 @@ class RunConfig:
     grace: float = 10.0
     fencing: bool = False
     limit: int | None = None
+    elect: bool = False
+    identity: str | None = None
 
     @property
     def what(self) -> str:
         """The lock or semaphore, in words: ``lock 'x'``, ``semaphore 'x' (2 permits)``."""
+        if self.elect:
+            return f"the lead of election {self.name!r}"
         if self.limit is None:
             return f"lock {self.name!r}"
         permits = "1 permit" if self.limit == 1 else f"{self.limit} permits"
@@ -122,6 +137,8 @@ class RunConfig:
     @property
     def taken(self) -> str:
         """What a failed wait found, in words."""
+        if self.elect:
+            return "is held by another leader"
         return "is held by someone else" if self.limit is None else "has every permit taken"
 
 
@@ -206,9 +223,22 @@ class _Job:
     async def locked(self, client: Client) -> int:
         """Acquire the lock, run the command under it, release it; the exit status."""
         config = self.config
+        campaign: Callable[[], Awaitable[bool]]
         try:
-            lock: AsyncLock | Semaphore
-            if config.limit is None:
+            lock: LeaseLock
+            if config.elect:
+                election = standby(
+                    client,
+                    config.name,
+                    ttl=config.ttl,
+                    identity=config.identity or f"{socket.gethostname()}:{os.getpid()}",
+                    prefix=config.prefix,
+                    timeout=config.timeout,
+                    on_lost=self.on_lost,
+                )
+                lock = election._lock
+                campaign = election._campaign
+            elif config.limit is None:
                 lock = AsyncLock(
                     client,
                     config.name,
@@ -228,6 +258,8 @@ class _Job:
                     prefix=config.prefix,
                     on_lost=self.on_lost,
                 )
+            if not config.elect:
+                campaign = lock.acquire
         except (TypeError, ValueError) as exc:
             self.say(f"aiolock: {exc}")
             return EX_USAGE
@@ -235,7 +267,7 @@ class _Job:
         try:
             with anyio.CancelScope() as self.wait_scope:
                 try:
-                    acquired = await lock.acquire()
+                    acquired = await campaign()
                 except SERVER_ERRORS as exc:
                     self.say(unavailable_message(exc, config.url))
                     return EX_UNAVAILABLE
@@ -261,7 +293,7 @@ class _Job:
             status = await self.release(lock, status)
         return status
 
-    async def supervise(self, lock: AsyncLock | Semaphore) -> int:
+    async def supervise(self, lock: LeaseLock) -> int:
         """Start the command under the held lock and wait for it; its status, or ours."""
         config = self.config
         if self.signals:
@@ -309,7 +341,7 @@ class _Job:
             return EX_LOST
         return _status_of(returncode)
 
-    async def release(self, lock: AsyncLock | Semaphore, status: int) -> int:
+    async def release(self, lock: LeaseLock, status: int) -> int:
         """Release the lock; return the run's final status.
 
         A status of aiolock's own (its line is printed already) stands: whatever
@@ -342,7 +374,7 @@ class _Job:
             return EX_UNAVAILABLE
         return status
 
-    async def release_after(self, lock: AsyncLock | Semaphore, error: BaseException) -> None:
+    async def release_after(self, lock: LeaseLock, error: BaseException) -> None:
         """Release the lock while ``error`` propagates; a failed release is noted on it.
 
         ``error`` is not an outcome (those are statuses) but a bug or an
@@ -390,7 +422,7 @@ class _Job:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    def on_lost(self, lock: AsyncLock | Semaphore) -> None:
+    def on_lost(self, lock: LeaseLock) -> None:
         """The lock's watchdog found the lock lost: terminate the command."""
         self.lost = True
         if self.proc is not None:

@@ -42,7 +42,9 @@ def run_module(label: str, module: str, *args: str, timeout: float) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", ["contention", "handoff", "seckill", "redlock", "family", "multi"])
+@pytest.mark.parametrize(
+    "name", ["contention", "handoff", "seckill", "redlock", "family", "multi", "failover"]
+)
 def test_benchmark_runs_quick_and_checks_itself(name: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick --only NAME` exits 0 and writes NAME.json and NAME.png."""
     run_module(name, "benchmarks", "--quick", "--only", name, "--out", str(tmp_path), timeout=170)
@@ -199,6 +201,7 @@ def test_python_m_benchmarks_exits_nonzero_when_one_misses_a_target(
         *(f"benchmarks.{name}" for name in ("contention", "handoff", "seckill", "redlock")),
         *(f"benchmarks.{name}" for name in ("family", "waiting", "scale", "soak", "compare")),
         "benchmarks.multi",
+        "benchmarks.failover",
     ],
 )
 def test_every_benchmark_still_answers_help(module: str) -> None:

@@ -1259,3 +1259,102 @@ def test_server_refuses_a_bad_port(cli: Cli, port: str) -> None:
     result = cli("server", "--port", port)
     assert result.returncode == 2, result
     assert "--port" in result.stderr, result
+
+
+# -- elections: run --elect and leader ----------------------------------------------------
+
+ELECTED = """
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[1])
+with open(out / "log", "a") as f:
+    f.write(f"start {sys.argv[2]} {os.environ['AIOLOCK_FENCE']} {time.monotonic()!r}\\n")
+(out / f"started-{sys.argv[2]}").touch()
+time.sleep(float(sys.argv[3]))
+with open(out / "log", "a") as f:
+    f.write(f"end {sys.argv[2]} {time.monotonic()!r}\\n")
+"""
+
+
+def test_run_elect_runs_the_standby_only_once_the_leader_is_done(
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
+) -> None:
+    """Two `run --elect`: the standby's command starts once the leader's ended, a newer fence."""
+    job = script(ELECTED)
+    first = cli.start(
+        "run", "--elect", "--identity", "host-a", name, "--", *job, str(tmp_path), "a", "0.5"
+    )
+    wait_for((tmp_path / "started-a").exists, "the leader's command to start")
+    second = cli.start("run", "--elect", name, "--", *job, str(tmp_path), "b", "0")
+    assert [first.finish().returncode, second.finish().returncode] == [0, 0]
+    lines = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    assert [(line[0], line[1]) for line in lines] == [
+        ("start", "a"),
+        ("end", "a"),
+        ("start", "b"),
+        ("end", "b"),
+    ]
+    assert float(lines[2][3]) >= float(lines[1][2])
+    assert int(lines[2][2]) > int(lines[0][2])
+    assert db.exists(key) == 0
+    db.delete(Keys(name).fence)
+
+
+def test_leader_prints_the_leader_or_exits_3_and_watch_prints_each_change(
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
+) -> None:
+    """`leader` prints the identity (exit 0) or nothing (exit 3); `--watch` prints -, host-a, -."""
+    nobody = cli("leader", name)
+    assert (nobody.returncode, nobody.stdout) == (3, ""), nobody
+    watch = cli.start("leader", "--watch", name)
+    wait_for(lambda: db.pubsub_numsub(Keys(name).channel)[0][1] > 0, "the watch to listen")
+    job = cli.start(
+        "run",
+        "--elect",
+        "--identity",
+        "host-a",
+        name,
+        "--",
+        *script(TERMINABLE),
+        str(tmp_path),
+        "exit",
+    )
+    wait_for((tmp_path / "started").exists, "the command to start")
+    leading = cli("leader", name)
+    assert (leading.returncode, leading.stdout) == (0, "host-a\n"), leading
+    os.killpg(job.pid, signal.SIGTERM)
+    assert job.finish().returncode == 0
+    wait_for(lambda: db.exists(key) == 0, "the term to end")
+    time.sleep(0.5)  # (the watch reads the leader at least every 0.25 s)
+    os.kill(watch.pid, signal.SIGTERM)
+    watched = watch.finish()
+    assert watched.returncode == 0, watched
+    assert watched.stdout.splitlines() == ["-", "host-a", "-"], watched
+    db.delete(Keys(name).fence)
+
+
+def test_a_lost_term_terminates_the_command_and_exits_70(
+    cli: Cli, name: str, key: str, db: redis.Redis, tmp_path: Path, script: Script
+) -> None:
+    """`run --elect` whose term is taken over: the command gets SIGTERM, exit 70, one line."""
+    job = cli.start(
+        "run", "--elect", "--ttl", "1", name, "--", *script(TERMINABLE), str(tmp_path), "exit"
+    )
+    wait_for((tmp_path / "started").exists, "the command to start")
+    db.set(key, "another-leader")
+    result = job.finish(timeout=10)
+    assert result.returncode == 70, result
+    assert (tmp_path / "terminated").read_text() == "SIGTERM"
+    assert len(result.error_lines) == 1, result
+    assert f"lost the lead of election {name!r}" in result.stderr
+    assert db.get(key) == "another-leader"
+    db.delete(key, Keys(name).fence)
+
+
+def test_elect_with_limit_or_identity_alone_is_a_usage_error(cli: Cli, name: str) -> None:
+    """`--elect` does not go with `--limit`, nor `--identity` without `--elect`: exit 2."""
+    limited = cli("run", "--elect", "--limit", "2", name, "--", "true")
+    assert limited.returncode == 2, limited
+    assert "--elect cannot go with --limit" in limited.stderr
+    alone = cli("run", "--identity", "a", name, "--", "true")
+    assert alone.returncode == 2, alone
+    assert "--identity goes with --elect only" in alone.stderr

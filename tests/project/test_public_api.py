@@ -34,6 +34,7 @@ from aiolock import (
 AIOLOCK_ALL = [
     "AcquireTimeout",
     "AsyncLock",
+    "Election",
     "LockError",
     "LockEvent",
     "LockLostError",
@@ -43,6 +44,7 @@ AIOLOCK_ALL = [
     "ReadWriteLock",
     "Redlock",
     "Semaphore",
+    "Term",
     "__version__",
     "add_observer",
     "backoff",
@@ -145,7 +147,7 @@ def test_every_public_name_is_importable_and_documented(module: str, name: str) 
 
 @pytest.mark.parametrize(
     "cls",
-    [AsyncLock, backoff.Backoff, aiolock.testing.RedisServer],
+    [AsyncLock, aiolock.Election, aiolock.Term, backoff.Backoff, aiolock.testing.RedisServer],
     ids=lambda c: c.__name__,
 )
 def test_public_methods_and_properties_are_documented(cls: type) -> None:
@@ -188,6 +190,21 @@ def test_the_contract_imports_work_as_written() -> None:
 def test_asynclock_is_final() -> None:
     """AsyncLock is @typing.final (not meant for subclassing)."""
     assert getattr(AsyncLock, "__final__", False) is True
+
+
+def test_election_has_its_fixed_names() -> None:
+    """Election is final and has lead(), run(), observe(), leader() and resign()."""
+    assert getattr(aiolock.Election, "__final__", False) is True
+    for name in ("lead", "run", "observe", "leader", "resign", "name", "key", "ttl", "identity"):
+        assert hasattr(aiolock.Election, name), name
+    assert list(inspect.signature(aiolock.Election).parameters) == [
+        "client",
+        "name",
+        "ttl",
+        "identity",
+        "backoff",
+        "prefix",
+    ]
 
 
 def test_asynclock_init_signature() -> None:
@@ -282,9 +299,10 @@ def test_methods_without_arguments(method: str) -> None:
     assert list(inspect.signature(getattr(AsyncLock, method)).parameters) == ["self"]
 
 
-def test_asynclock_docstring_has_the_semantics_paragraphs_in_order() -> None:
-    """The AsyncLock docstring ends with Ownership, Fairness, Cancellation, Expiry, Raises."""
-    doc = inspect.getdoc(AsyncLock) or ""
+@pytest.mark.parametrize("cls", [AsyncLock, aiolock.Election], ids=lambda c: c.__name__)
+def test_docstring_has_the_semantics_paragraphs_in_order(cls: type) -> None:
+    """AsyncLock's and Election's docstrings end with the five semantics paragraphs, in order."""
+    doc = inspect.getdoc(cls) or ""
     headings = ["Ownership", "Fairness", "Cancellation", "Expiry", "Raises"]
     positions = []
     for heading in headings:

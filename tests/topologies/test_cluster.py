@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any, Final
 
+import anyio
 import pytest
 import redis.asyncio as redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -56,6 +57,7 @@ from support.timing import eventually, finish
 
 from aiolock import (
     AsyncLock,
+    Election,
     LockError,
     LockLostError,
     MultiLock,
@@ -1119,6 +1121,38 @@ async def test_a_semaphore_on_every_master_keeps_its_limit(
 
     await asyncio.gather(*(work(c, n) for n in names for c in made for _ in range(3)))
     assert dict(most) == dict.fromkeys(names, 2)
+    for master in masters_of(cluster):
+        assert_lock_commands_clean(master.port, await error_replies(master))
+
+
+async def test_an_election_on_every_master_hands_over_and_is_observed(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """An Election per master: the term passes from a to b, observe() and leader() see it.
+
+    The observers read the key and its PTTL in one pipeline on the name's
+    slot, and listen to its sharded channel: no CROSSSLOT, nothing left.
+    """
+    names = spread_names(cluster, tag, 1)
+    first, second = clients(cluster), clients(cluster)
+
+    async def one(name: str) -> list[str | None]:
+        seen: list[str | None] = []
+        a = Election(first, name, ttl=2.0, identity="a")
+        b = Election(second, name, ttl=2.0, identity="b")
+        async with contextlib.aclosing(b.observe()) as changes:
+            seen.append(await anext(changes))
+            async with a.lead():
+                seen.append(await anext(changes))
+                assert await b.leader() == "a"
+                waiting = asyncio.create_task(b.run(lambda term: b.leader()))
+                await asyncio.sleep(0.05)
+            seen.append(await waiting)
+        return seen
+
+    with anyio.fail_after(20):
+        results = await asyncio.gather(*(one(name) for name in names))
+    assert results == [[None, "a", "b"]] * len(names)
     for master in masters_of(cluster):
         assert_lock_commands_clean(master.port, await error_replies(master))
 
