@@ -80,6 +80,7 @@ class ElectionLock(LeaseLock):
     """
 
     __slots__ = ("_identity",)
+    _PLAIN_TOKENS = False
 
     def __init__(self, lease: Lease, options: Options, identity: str | None) -> None:
         super().__init__(lease, options)

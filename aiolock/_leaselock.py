@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Never, NoReturn, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Never, NoReturn, Self
 
 from redis.exceptions import RedisError
 
@@ -58,6 +58,9 @@ class LeaseLock(Watch):
     """A primitive's holdings over its lease: the engine under every lock class."""
 
     __slots__ = ("_backoff", "_blocking", "_cancel_on_lost", "_reentrant", "_timeout", "_ttl")
+
+    #: Its tokens are 128 random bits alone (else :meth:`_new_call` makes each call's).
+    _PLAIN_TOKENS: ClassVar[bool] = True
 
     def __init__(self, lease: Lease, options: Options, /) -> None:
         """Take the lease (with the name) and the options, both checked by the primitive."""
@@ -226,7 +229,7 @@ class LeaseLock(Watch):
             deadline = None
         else:
             deadline = started + wait
-        call = self._new_call()
+        call = Call() if self._PLAIN_TOKENS else self._new_call()
         call.renews = self._auto_renew
         try:
             won = await obtain(
@@ -256,7 +259,8 @@ class LeaseLock(Watch):
         """The record of one ``acquire()`` call, with its new token.
 
         A primitive whose tokens carry more than 128 random bits (an
-        election's carry its candidate's identity) makes its own.
+        election's carry its candidate's identity) makes its own, and sets
+        ``_PLAIN_TOKENS`` to False (the plain ones make theirs without a call).
         """
         return Call()
 
