@@ -394,7 +394,8 @@ class LeaseLock(Watch):
         tb: TracebackType | None,
     ) -> None:
         task = current_task(self._last)
-        cancelled_by_loss = self._exit_scope(task, exc_type, exc, tb)
+        # (Only a lock that cancels bodies on a loss has scopes to close.)
+        cancelled_by_loss = self._scopes is not None and self._exit_scope(task, exc_type, exc, tb)
         if cancelled_by_loss:
             exc = None
         holding = self._by_task.get(task)

@@ -320,7 +320,8 @@ class Script:
         if values.keys() != self._names:
             raise self._mismatch(values.keys())
         if self.more_keys is None and self.more_args is None:
-            return tuple([values[n] for n in self.keys]), tuple([values[n] for n in self.args])
+            get = values.__getitem__  # (map: no frame of its own, as a comprehension has)
+            return tuple(map(get, self.keys)), tuple(map(get, self.args))
         keys = [values[name] for name in self.keys]
         if self.more_keys is not None:
             keys += self._sequence(self.more_keys, values[self.more_keys])
