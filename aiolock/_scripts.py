@@ -317,11 +317,18 @@ class Script:
         Raises:
             TypeError: a name is missing or unknown, or a sequence is not one.
         """
+        if self.more_keys is None and self.more_args is None:
+            # As many names as it has, and each of them there: exactly its names (told
+            # without comparing the sets; map makes no frame, as a comprehension does).
+            if len(values) == len(self._names):
+                get = values.__getitem__
+                try:
+                    return tuple(map(get, self.keys)), tuple(map(get, self.args))
+                except KeyError:
+                    pass
+            raise self._mismatch(values.keys())
         if values.keys() != self._names:
             raise self._mismatch(values.keys())
-        if self.more_keys is None and self.more_args is None:
-            get = values.__getitem__  # (map: no frame of its own, as a comprehension has)
-            return tuple(map(get, self.keys)), tuple(map(get, self.args))
         keys = [values[name] for name in self.keys]
         if self.more_keys is not None:
             keys += self._sequence(self.more_keys, values[self.more_keys])
