@@ -1,0 +1,488 @@
+"""The lock contract, kept by an Election: its terms are holdings on the lock engine.
+
+An :class:`~aiolock.Election`'s public surface is ``lead()``, ``run()`` and
+``resign()``, not a lock's ``acquire()``/``release()``, so it is not one of
+the contract's :data:`~support.contract.PRIMITIVES`. The items of the contract
+that apply to it are written here in its words: ``lead()``'s enter is the
+acquire (a campaign), its exit and ``resign()`` the release. They use the
+suite's subject (``election_subject``: a lock's admin view, one server, with
+the same leak checks) and its helpers. What is proved: the cancellation
+windows of a campaign (while it waits in the queue; before the server ran
+its acquire: ``CLIENT PAUSE WRITE``; after it ran, before the reply: a
+:class:`FaultProxy` holding replies) and of a term's exit; loss (the body
+cancelled at once, ``LockLostError``, the body's own exception kept with the
+loss as a note); renewal past the lease; the observer events of its
+``ElectionLock``; bad arguments.
+
+The contract items that do not apply to an election, and why:
+
+- ``extend()``, ``owned()``, ``locked()``, ``release()`` from another task (a
+  hand-off), ``reentrant``, ``max_hold``, ``on_lost``: an election has none
+  of them (a term is owned by the task that campaigned; ``resign()`` ends it
+  from anywhere, tested here as a release).
+- ``timeout``/``blocking`` of an acquire, ``not_acquired`` by a timeout: a
+  candidate campaigns until it leads (a caller bounds it with its own
+  timeout: tested here as a cancellation); ``aiolock run --elect --timeout``
+  is the CLI's (tests/project/test_cli.py).
+- ``backoff`` of an acquire, a waiter killed mid-backoff: a candidate waits
+  in the queue and is notified; ``backoff`` paces ``run()``'s re-campaigns
+  (tests/primitives/test_election.py).
+- a server that stops answering mid-wait: the election's own link watch
+  (tests/primitives/test_election.py), not the lock's bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as redis
+from support.contract import INF, NAN, Subject
+from support.leaks import assert_nothing_leaked, connections_made
+from support.locks import cancel_once_the_key_exists, kinds, names, names_value
+from support.servers import blocked_client_ids
+from support.timing import Lateness, eventually, finish
+
+from aiolock import Election, LockEvent, LockLostError, backoff
+from aiolock._election import ElectionLock
+from aiolock._identity import identity_of
+from aiolock._keys import Keys
+from aiolock.testing import FaultProxy, RedisServer
+
+# --- holding and renewal ------------------------------------------------------------------------
+
+
+async def test_lead_holds_the_term_and_its_exit_releases_it(
+    election_subject: Subject, events: list[LockEvent]
+) -> None:
+    """lead() holds the key with a token naming the candidate; exit deletes it, ends the term."""
+    s = election_subject
+    election = s.make_election(identity="candidate a")
+    async with election.lead() as term:
+        [(token,)] = await s.holders(election.key)
+        assert identity_of(token) == "candidate a"
+        assert term.identity == "candidate a"
+        assert not term.ended.is_set()
+        assert await election.leader() == "candidate a"
+    assert term.ended.is_set()
+    await s.assert_absent_and_stays(election.key)
+    assert kinds(events, s.name) == ["acquired", "released"]
+
+
+async def test_renewal_keeps_the_term_past_its_ttl_and_each_renewal_is_reported(
+    election_subject: Subject, events: list[LockEvent]
+) -> None:
+    """A ttl=0.3 term held 1.2 s: same token, the lease never runs out, 'renewed' events."""
+    s = election_subject
+    election = s.make_election(ttl=0.3)
+    async with election.lead() as term:
+        tokens = await s.holders(election.key)
+        assert () not in tokens
+        held_until = time.monotonic() + 1.2
+        lowest = 300
+        while time.monotonic() < held_until:
+            await asyncio.sleep(0.02)
+            lowest = min(lowest, *await s.leases(election.key))
+            assert await s.holders(election.key) == tokens, "the term changed hands while held"
+        assert lowest > 0, f"the term ran out of lease while held (lowest PTTL {lowest} ms)"
+        assert min(await s.leases(election.key)) > 150, "the lease was not renewed near the end"
+        assert not term.ended.is_set()
+    assert set(kinds(events, s.name)) == {"acquired", "renewed", "released"}
+    assert kinds(events, s.name).count("renewed") >= 3
+
+
+# --- cancellation while waiting to lead --------------------------------------------------------
+
+
+async def hold_term(election: Election, leading: asyncio.Event, leave: asyncio.Event) -> None:
+    """Lead ``election`` until ``leave`` is set (``leading`` says it leads)."""
+    async with election.lead():
+        leading.set()
+        await leave.wait()
+
+
+@pytest.mark.parametrize("how", ["Task.cancel", "asyncio.timeout", "anyio.move_on_after"])
+async def test_a_candidate_cancelled_while_waiting_to_lead_leaves_no_entry_and_no_term(
+    election_subject: Subject, events: list[LockEvent], how: str
+) -> None:
+    """Cancelled in the queue: its entry goes, the leader's end hands it nothing; not_acquired."""
+    s = election_subject
+    leader = s.make_election(process=1, identity="leader")
+    candidate = s.make_election(identity="candidate")
+    leading, leave = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_term(leader, leading, leave))
+    entered: list[bool] = []
+
+    async def campaign() -> None:
+        async with candidate.lead():
+            entered.append(True)
+
+    try:
+        await leading.wait()
+        queue = Keys(s.name).queue
+        if how == "Task.cancel":
+            task = asyncio.create_task(campaign())
+            await eventually(lambda: s.present(queue), "the candidate to queue up")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        elif how == "asyncio.timeout":
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await campaign()
+        else:
+            with anyio.move_on_after(0.3) as scope:
+                await campaign()
+            assert scope.cancelled_caught
+        assert entered == []
+        assert not any(await s.present(queue)), "the cancelled candidate's queue was left"
+        leave.set()
+        await holder
+    finally:
+        leave.set()
+        await finish(holder)
+    await s.assert_absent_and_stays(s.make_election().key)
+    assert candidate._terms == {}
+    outcomes = [e for e in events if e.name == s.name and e.lock is candidate._lock]
+    assert [e.kind for e in outcomes] == ["not_acquired"]
+    assert isinstance(outcomes[0].error, asyncio.CancelledError)
+    assert outcomes[0].contended is True
+    with anyio.fail_after(2):  # nothing stuck locally: the same object leads at once
+        async with candidate.lead():
+            pass
+
+
+# --- cancellation window 1: before the server ran the campaign's command ----------------------
+
+
+async def test_cancel_before_the_server_ran_the_campaign_leaves_no_key(
+    election_subject: Subject,
+) -> None:
+    """Cancelled while CLIENT PAUSE WRITE holds the campaign's acquire back: no key, ever."""
+    s = election_subject
+    election = s.make_election()
+    for c in s.process(0):
+        await c.ping()  # the pool has a connection: the first command is not a connect
+    entered = asyncio.Event()
+
+    async def campaign() -> None:
+        async with election.lead():
+            entered.set()
+
+    await s.pause()  # WRITE: SET and EVALSHA are held back
+    task = asyncio.create_task(campaign())
+    try:
+        await s.wait_until_paused()
+        task.cancel()
+        await s.unpause()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await s.unpause()
+        await finish(task)
+    assert not entered.is_set()
+    for a in s.admins:
+
+        async def none_blocked(a: redis.Redis = a) -> bool:
+            return not await blocked_client_ids(a)
+
+        await eventually(none_blocked, "the paused command to be dropped or run", timeout=3.0)
+    await s.assert_absent_and_stays(election.key)
+    with anyio.fail_after(2):  # the local queue is free again: the same object leads at once
+        async with election.lead():
+            pass
+
+
+# --- cancellation window 2: after the server ran it, before the reply --------------------------
+
+
+async def test_cancel_after_the_server_ran_the_campaign_undoes_it(
+    election_subject: Subject, start_proxy: Callable[[RedisServer], Awaitable[FaultProxy]]
+) -> None:
+    """Cancelled after the server granted the term but before the reply: the key is undone."""
+    s = election_subject
+    proxies = [await start_proxy(server) for server in s.servers]
+    clients = s.connect([p.url for p in proxies])
+    election = s.make_election(clients=clients)
+    async with election.lead():  # scripts loaded, a pooled connection through the proxy
+        pass
+    entered: list[bool] = []
+
+    async def campaign() -> None:
+        async with election.lead():
+            entered.append(True)
+
+    await cancel_once_the_key_exists(proxies, s.admins, election.key, campaign())
+    assert entered == []
+    await s.assert_absent_and_stays(election.key)
+    await assert_nothing_leaked(*clients)
+    with anyio.fail_after(2):  # nothing stuck locally either
+        async with election.lead():
+            pass
+
+
+# --- a cancelled exit still ends the term ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["Task.cancel", "anyio.move_on_after"])
+async def test_a_term_whose_exit_is_cancelled_still_ends(
+    election_subject: Subject, events: list[LockEvent], how: str
+) -> None:
+    """The exit's release, held back by the server and cancelled, completes: one 'released'."""
+    s = election_subject
+    election = s.make_election()
+    may_leave = asyncio.Event()
+    trigger: list[Callable[[], None]] = []
+
+    async def lead() -> None:
+        async with election.lead():
+            await may_leave.wait()
+
+    async def run() -> None:
+        if how == "Task.cancel":
+            trigger.append(lambda: task.cancel())
+            await lead()
+        else:
+            with anyio.move_on_after(None) as scope:
+                trigger.append(scope.cancel)
+                await lead()
+            assert scope.cancelled_caught
+
+    task = asyncio.create_task(run())
+    try:
+        await s.wait_until_held(election.key)
+        await s.pause()  # WRITE: the release is held back
+        may_leave.set()
+        await s.wait_until_paused()
+        first = await blocked_client_ids(s.admins[0])
+        trigger[0]()
+
+        # Cancelling closed that connection, so the server dropped the held-back command:
+        # only a release sent again, on another connection, can still delete the key.
+        async def sent_again() -> bool:
+            now = await blocked_client_ids(s.admins[0])
+            return bool(now) and not now & first
+
+        await eventually(sent_again, "the cancelled release to be sent again", timeout=3.0)
+        await s.unpause()
+        if how == "Task.cancel":
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            await task
+    finally:
+        await s.unpause()
+        await finish(task)
+    await s.assert_absent_and_stays(election.key)
+    assert election._terms == {}
+    assert kinds(events, s.name) == ["acquired", "released"]
+
+
+async def test_resign_is_a_release_that_hands_the_term_to_the_next_candidate(
+    election_subject: Subject, events: list[LockEvent]
+) -> None:
+    """resign() from another task: 'released' for the leader, 'acquired' (contended) next."""
+    s = election_subject
+    first = s.make_election(identity="first")
+    second = s.make_election(process=1, identity="second")
+    leading, leave = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_term(first, leading, leave))
+    next_leading, next_leave = asyncio.Event(), asyncio.Event()
+    try:
+        await leading.wait()
+        waiter = asyncio.create_task(hold_term(second, next_leading, next_leave))
+        try:
+            await eventually(lambda: s.present(Keys(s.name).queue), "the next to queue up")
+            assert await first.resign() is True
+            with anyio.fail_after(3):
+                await holder  # its body ended quietly
+                await next_leading.wait()
+            assert await first.leader() == "second"
+            next_leave.set()
+            await waiter
+        finally:
+            await finish(waiter)
+    finally:
+        leave.set()
+        await finish(holder)
+    await s.assert_absent_and_stays(first.key)
+    seen = [(e.kind, e.lock) for e in events if e.name == s.name]
+    assert seen == [
+        ("acquired", first._lock),
+        ("released", first._lock),
+        ("acquired", second._lock),
+        ("released", second._lock),
+    ]
+    handed = [e for e in events if e.lock is second._lock and e.kind == "acquired"]
+    assert handed[0].contended is True
+
+
+# --- loss -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["PEXPIRE 1", "DEL", "overwrite"])
+async def test_a_lost_term_cancels_the_body_at_once_and_raises_lost(
+    election_subject: Subject, events: list[LockEvent], how: str
+) -> None:
+    """The term taken away: the body is cancelled within a lease, LockLostError, 'lost' reported."""
+    s = election_subject
+    election = s.make_election(ttl=0.3)
+    taken: list[float] = []
+    finished: list[bool] = []
+    terms: list[Any] = []
+
+    async def body() -> None:
+        async with election.lead() as term:
+            terms.append(term)
+            await s.take_away(election.key, how)
+            taken.append(time.monotonic())
+            await asyncio.sleep(10)
+            finished.append(True)
+
+    async with Lateness() as lateness:
+        with pytest.raises(LockLostError), anyio.fail_after(5):
+            await body()
+        raised = time.monotonic()
+    assert finished == []
+    after_loss = raised - taken[0]
+    assert after_loss < 0.3 + lateness.between(taken[0], raised), f"{after_loss:.3f} s"
+    assert terms[0].ended.is_set()
+    assert election._terms == {}
+    current = asyncio.current_task()
+    assert current is not None
+    assert current.cancelling() == 0, "the loss left a cancellation behind"
+    await asyncio.sleep(0)  # the test task itself is not cancelled
+    # another holder's key is never touched
+    someone_else = ("someone else",) if how == "overwrite" else ()
+    assert await s.holders(election.key) == [someone_else]
+    await s.delete(election.key)
+    assert kinds(events, s.name) == ["acquired", "lost"]
+
+
+async def test_body_exception_wins_and_carries_the_loss_as_note(
+    election_subject: Subject,
+) -> None:
+    """The body's own exception propagates from a lost term, with the loss attached as a note."""
+    s = election_subject
+    election = s.make_election(ttl=0.3)
+
+    async def body() -> None:
+        async with election.lead():
+            await s.take_away(election.key, "DEL")
+            raise ValueError("body failed")
+
+    with pytest.raises(ValueError, match="body failed") as caught:
+        await body()
+    assert str(caught.value) == "body failed"
+    notes: list[str] = getattr(caught.value, "__notes__", [])
+    said = f"aiolock: lock {s.name!r} was no longer held"
+    assert any(note.startswith(said) for note in notes), notes
+
+
+# --- observer events ------------------------------------------------------------------------------
+
+
+async def test_an_uncontended_term_is_acquired_then_released_by_its_election_lock(
+    election_subject: Subject, events: list[LockEvent]
+) -> None:
+    """A term gives 'acquired' (not contended, with the wait, its fence) and 'released' (held)."""
+    s = election_subject
+    election = s.make_election(ttl=5.0)
+    async with election.lead() as term:
+        await asyncio.sleep(0.05)
+    acquired, released = (e for e in events if e.name == s.name)
+    for event in (acquired, released):
+        assert event.lock is election._lock
+        assert isinstance(event.lock, ElectionLock)
+        assert type(event.lock).__name__ == "ElectionLock"
+        assert event.fence == term.fence
+    assert acquired.kind == "acquired"
+    assert acquired.contended is False
+    assert acquired.waited is not None
+    assert 0 <= acquired.waited < 1.0
+    assert acquired.held is None
+    assert released.kind == "released"
+    assert released.held is not None
+    assert 0.05 <= released.held < 2.0
+
+
+# --- bad arguments --------------------------------------------------------------------------------
+
+
+async def assert_nothing_sent(s: Subject) -> None:
+    """The failed call made no client connect and left no key of the test's name."""
+    for clients in s.client_sets:
+        assert all(connections_made(c) == 0 for c in clients), "a bad argument made a connection"
+    assert await s.keys_left() == []
+
+
+@pytest.mark.parametrize(
+    ("bad_name", "error"),
+    [("", ValueError), (42, TypeError), (5, TypeError), (b"x", TypeError), (None, TypeError)],
+    ids=["empty", "int", "5", "bytes", "None"],
+)
+async def test_bad_name(
+    election_subject: Subject, bad_name: object, error: type[Exception]
+) -> None:
+    """An empty name is a ValueError; a name that is not a str is a TypeError; both name it."""
+    with pytest.raises(error, match=names_value("name", bad_name)):
+        election_subject.make_election(bad_name)
+    await assert_nothing_sent(election_subject)
+
+
+def _option_cases() -> Iterator[Any]:
+    """(option, value, error, shown in the message) for the options an Election takes."""
+    for value, error in [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (0.0001, ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ]:
+        yield pytest.param("ttl", value, error, repr(value), id=f"ttl={value!r}")
+    for value, error, shown in [
+        (42, TypeError, "42"),
+        (b"a", TypeError, "b'a'"),
+        ("", ValueError, "''"),
+        ("a\nb", ValueError, repr("a\nb")),
+        ("x" * 257, ValueError, "257"),
+    ]:
+        yield pytest.param("identity", value, error, shown, id=f"identity={value!r:.8}")
+    for value in [42, "fast", 0.5]:
+        yield pytest.param("backoff", value, TypeError, repr(value), id=f"backoff={value!r}")
+    for label, policy, shown in [
+        ("lambda:-1.0", lambda n: -1.0, "-1.0"),
+        ("from_callable:nan", backoff.from_callable(lambda n: NAN), "nan"),
+    ]:
+        yield pytest.param("backoff", policy, ValueError, shown, id=f"backoff={label}")
+    for value in [None, 3, b"app:"]:
+        yield pytest.param("prefix", value, TypeError, repr(value), id=f"prefix={value!r}")
+
+
+@pytest.mark.parametrize(("option", "value", "error", "shown"), list(_option_cases()))
+async def test_bad_option_fails_at_construction(
+    election_subject: Subject, option: str, value: object, error: type[Exception], shown: str
+) -> None:
+    """Each bad keyword option raises at construction, naming the option and the bad value."""
+    with pytest.raises(error, match=names(option, shown)):
+        election_subject.make_election(**{option: value})
+    await assert_nothing_sent(election_subject)
+
+
+@pytest.mark.parametrize(
+    "bad_client", [None, "redis://localhost", object()], ids=["None", "url", "object"]
+)
+async def test_a_client_that_is_not_redis_asyncio_fails_at_construction(
+    election_subject: Subject, bad_client: object
+) -> None:
+    """A client that is not a redis.asyncio client is a TypeError naming the argument."""
+    with pytest.raises(TypeError, match=r"\bclient\b"):
+        Election(bad_client, election_subject.name)  # type: ignore[arg-type]
+    await assert_nothing_sent(election_subject)
