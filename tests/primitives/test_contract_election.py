@@ -242,9 +242,12 @@ async def test_a_term_whose_exit_is_cancelled_still_ends(
         async with election.lead():
             await may_leave.wait()
 
+    def cancel_task() -> None:
+        task.cancel()
+
     async def run() -> None:
         if how == "Task.cancel":
-            trigger.append(lambda: task.cancel())
+            trigger.append(cancel_task)
             await lead()
         else:
             with anyio.move_on_after(None) as scope:
@@ -471,8 +474,9 @@ async def test_bad_option_fails_at_construction(
     election_subject: Subject, option: str, value: object, error: type[Exception], shown: str
 ) -> None:
     """Each bad keyword option raises at construction, naming the option and the bad value."""
+    kwargs: dict[str, Any] = {option: value}
     with pytest.raises(error, match=names(option, shown)):
-        election_subject.make_election(**{option: value})
+        election_subject.make_election(**kwargs)
     await assert_nothing_sent(election_subject)
 
 
