@@ -300,8 +300,8 @@ async def test_resign_is_a_release_that_hands_the_term_to_the_next_candidate(
         waiter = asyncio.create_task(hold_term(second, next_leading, next_leave))
         try:
             await eventually(lambda: s.present(Keys(s.name).queue), "the next to queue up")
-            assert await first.resign() is True
             with anyio.fail_after(3):
+                assert await first.resign() is True
                 await holder  # its body ended quietly
                 await next_leading.wait()
             assert await first.leader() == "second"
