@@ -44,7 +44,7 @@ import redis.asyncio as redis
 from support.contract import INF, NAN, Subject
 from support.leaks import assert_nothing_leaked, connections_made
 from support.locks import cancel_once_the_key_exists, kinds, names, names_value
-from support.servers import blocked_client_ids
+from support.servers import blocked_client_ids, user_without_channels
 from support.timing import Lateness, eventually, finish
 
 from aiolock import Election, LockEvent, LockLostError, backoff
@@ -95,14 +95,51 @@ async def test_renewal_keeps_the_term_past_its_ttl_and_each_renewal_is_reported(
     assert kinds(events, s.name).count("renewed") >= 3
 
 
-# --- cancellation while waiting to lead --------------------------------------------------------
-
-
 async def hold_term(election: Election, leading: asyncio.Event, leave: asyncio.Event) -> None:
     """Lead ``election`` until ``leave`` is set (``leading`` says it leads)."""
     async with election.lead():
         leading.set()
         await leave.wait()
+
+
+async def test_a_user_without_channel_rights_leads_and_ends_terms_without_error(
+    election_subject: Subject,
+) -> None:
+    """A least-privilege user (no channel rights) leads, ends its term, and leads after another."""
+    s = election_subject
+    async with user_without_channels(s.admins) as (user, password):
+        urls = [f"redis://{user}:{password}@{server.host}:{server.port}" for server in s.servers]
+        election = s.make_election(clients=s.connect(urls), ttl=2.0)
+        async with election.lead():
+            assert await s.held_everywhere(election.key)
+        await s.assert_absent_and_stays(election.key)
+        leader = s.make_election(process=1, ttl=2.0)
+        first, second, first_leaves, second_leaves = (asyncio.Event() for _ in range(4))
+        holder = asyncio.create_task(hold_term(leader, first, first_leaves))
+        waiter: asyncio.Task[None] | None = None
+        try:
+            with anyio.fail_after(5):
+                await first.wait()
+            waiter = asyncio.create_task(hold_term(election, second, second_leaves))
+            await eventually(lambda: s.present(Keys(s.name).queue), "the candidate to queue up")
+            assert not second.is_set()
+            first_leaves.set()
+            with anyio.fail_after(5):  # its grant message is refused to it: it polls
+                await holder
+                await second.wait()
+            assert await s.held_everywhere(election.key)
+            second_leaves.set()
+            await waiter
+        finally:
+            first_leaves.set()
+            second_leaves.set()
+            await finish(holder)
+            if waiter is not None:
+                await finish(waiter)
+        assert await s.keys_left() == []
+
+
+# --- cancellation while waiting to lead --------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["Task.cancel", "asyncio.timeout", "anyio.move_on_after"])
