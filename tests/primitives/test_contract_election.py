@@ -11,7 +11,8 @@ windows of a campaign (while it waits in the queue; before the server ran
 its acquire: ``CLIENT PAUSE WRITE``; after it ran, before the reply: a
 :class:`FaultProxy` holding replies) and of a term's exit; loss (the body
 cancelled at once, ``LockLostError``, the body's own exception kept with the
-loss as a note); renewal past the lease; the observer events of its
+loss as a note); renewal past the lease, and batched with the other terms of
+one client; a user without channel rights; the observer events of its
 ``ElectionLock``; bad arguments.
 
 The contract items that do not apply to an election, and why:
@@ -29,6 +30,12 @@ The contract items that do not apply to an election, and why:
   (tests/primitives/test_election.py).
 - a server that stops answering mid-wait: the election's own link watch
   (tests/primitives/test_election.py), not the lock's bound.
+- a forgotten lock (garbage-collected while held): a term is held only by
+  the body of ``async with election.lead()``.
+- what the lease does on the link (a slow link, lost replies, hand-overs,
+  the longest ``ttl``): a term's lease is the one-server lease of an
+  ``AsyncLock`` (``fair=True``), proved over AsyncLock in test_contract.py
+  and test_contract_in_apps.py.
 """
 
 from __future__ import annotations
@@ -421,6 +428,72 @@ async def test_body_exception_wins_and_carries_the_loss_as_note(
     notes: list[str] = getattr(caught.value, "__notes__", [])
     said = f"aiolock: lock {s.name!r} was no longer held"
     assert any(note.startswith(said) for note in notes), notes
+
+
+#: The terms of the batched renewal test: six on one client, renewed every 0.1 s.
+BATCH_TTL = 0.3
+MEMBERS = 6
+
+
+async def evalsha_calls(s: Subject) -> int:
+    """How many ``EVALSHA`` calls the subject's server has run, in all."""
+    stats = await s.admins[0].info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_terms_of_one_client_renew_together_and_a_lost_one_ends_alone(
+    election_subject: Subject,
+) -> None:
+    """Six terms on one client renew in shared calls; one taken away: its body alone ends, lost."""
+    s = election_subject
+    elections = [s.make_election(f"{s.name}-{i}", ttl=BATCH_TTL) for i in range(MEMBERS)]
+    leading = [asyncio.Event() for _ in elections]
+    leave = asyncio.Event()
+    outcomes: dict[int, str] = {}
+
+    async def lead(i: int) -> None:
+        try:
+            async with elections[i].lead():
+                leading[i].set()
+                await leave.wait()
+        except LockLostError:
+            outcomes[i] = "lost"
+        else:
+            outcomes[i] = "ended"
+
+    tasks = [asyncio.create_task(lead(i)) for i in range(MEMBERS)]
+    try:
+        with anyio.fail_after(5):
+            for event in leading:
+                await event.wait()
+        await asyncio.sleep(2 * BATCH_TTL)  # past every first renewal
+        before = await evalsha_calls(s)
+        periods = 10
+        await asyncio.sleep(periods * BATCH_TTL / 3)
+        calls = await evalsha_calls(s) - before
+        assert calls <= periods * 2 + 2, f"{calls} renewal calls for {MEMBERS} terms"
+        tokens = {e.key: await s.holders(e.key) for e in elections}
+        victim = elections[2]
+        await s.take_away(victim.key, "overwrite")
+        async with Lateness() as lateness:
+            taken = time.monotonic()
+            with anyio.fail_after(5):
+                await tasks[2]
+            ended = time.monotonic()
+        assert outcomes == {2: "lost"}
+        assert ended - taken < BATCH_TTL + lateness.between(taken, ended)
+        for election in elections:
+            if election is not victim:
+                assert await s.holders(election.key) == tokens[election.key]
+        leave.set()
+        await asyncio.gather(*tasks)
+        assert outcomes == {i: "lost" if i == 2 else "ended" for i in range(MEMBERS)}
+    finally:
+        leave.set()
+        for task in tasks:
+            await finish(task)
+        for election in elections:
+            await s.admins[0].delete(election.key, Keys(election.name).fence)
 
 
 # --- observer events ------------------------------------------------------------------------------
