@@ -9,6 +9,11 @@ objects) and gives an admin view of its servers in the contract's own words;
 the :func:`subject` fixture checks after each test that no task, connection
 or key was left. ``conftest.py`` loads this module as a plugin, so its fixtures
 serve every test module.
+
+An :class:`~aiolock.Election` is not one of the primitives: its surface is
+``lead()``/``resign()``, not ``acquire()``/``release()``. Its subject
+(:data:`ELECTION`, the ``election_subject`` fixture) has the same admin view
+and checks, and ``test_contract_election.py`` the contract items that apply to it.
 """
 
 from __future__ import annotations
@@ -592,7 +597,12 @@ async def subject(
     s = Subject(request.param, contract_servers, name)
     try:
         yield s
-        await _nothing_left(s)
+        assert await other_tasks() == set(), "a task outlived the test"
+        assert await listeners_gone(), "a release-notification listener did not stop by itself"
+        for clients in s.client_sets:
+            for c in clients:
+                assert in_use_connections(c) == 0, "a connection was left checked out"
+        assert await s.keys_left() == [], "a key was left on a server"
     finally:
         await s.unpause()
         await s.aclose()
@@ -614,22 +624,17 @@ async def election_subject(
     s = Subject(ELECTION, contract_servers, name)
     try:
         yield s
-        await _nothing_left(s)
+        assert await other_tasks() == set(), "a task outlived the test"
+        assert await listeners_gone(), "a release-notification listener did not stop by itself"
+        for clients in s.client_sets:
+            for c in clients:
+                assert in_use_connections(c) == 0, "a connection was left checked out"
+        assert await s.keys_left() == [], "a key was left on a server"
     finally:
         await s.unpause()
         for a in s.admins:
             await a.delete(Keys(name).fence)
         await s.aclose()
-
-
-async def _nothing_left(s: Subject) -> None:
-    """No task, release listener, checked-out connection or key of ``s`` left."""
-    assert await other_tasks() == set(), "a task outlived the test"
-    assert await listeners_gone(), "a release-notification listener did not stop by itself"
-    for clients in s.client_sets:
-        for c in clients:
-            assert in_use_connections(c) == 0, "a connection was left checked out"
-    assert await s.keys_left() == [], "a key was left on a server"
 
 
 def _str(value: bytes | str | None) -> str | None:
