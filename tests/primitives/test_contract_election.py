@@ -357,13 +357,9 @@ async def test_resign_is_a_release_that_hands_the_term_to_the_next_candidate(
         leave.set()
         await finish(holder)
     await s.assert_absent_and_stays(first.key)
-    seen = [(e.kind, e.lock) for e in events if e.name == s.name]
-    assert seen == [
-        ("acquired", first._lock),
-        ("released", first._lock),
-        ("acquired", second._lock),
-        ("released", second._lock),
-    ]
+    # (Per lock: the grant may reach the next candidate before the releasing task reports.)
+    assert [e.kind for e in events if e.lock is first._lock] == ["acquired", "released"]
+    assert [e.kind for e in events if e.lock is second._lock] == ["acquired", "released"]
     handed = [e for e in events if e.lock is second._lock and e.kind == "acquired"]
     assert handed[0].contended is True
 
