@@ -332,7 +332,7 @@ async def test_a_term_whose_exit_is_cancelled_still_ends(
 async def test_resign_is_a_release_that_hands_the_term_to_the_next_candidate(
     election_subject: Subject, events: list[LockEvent]
 ) -> None:
-    """resign() from another task: 'released' for the leader, 'acquired' (contended) next."""
+    """resign() from another task: 'released' for the leader, then the next leads at once."""
     s = election_subject
     first = s.make_election(identity="first")
     second = s.make_election(process=1, identity="second")
@@ -360,8 +360,6 @@ async def test_resign_is_a_release_that_hands_the_term_to_the_next_candidate(
     # (Per lock: the grant may reach the next candidate before the releasing task reports.)
     assert [e.kind for e in events if e.lock is first._lock] == ["acquired", "released"]
     assert [e.kind for e in events if e.lock is second._lock] == ["acquired", "released"]
-    handed = [e for e in events if e.lock is second._lock and e.kind == "acquired"]
-    assert handed[0].contended is True
 
 
 # --- loss -----------------------------------------------------------------------------------------
