@@ -9,6 +9,11 @@ objects) and gives an admin view of its servers in the contract's own words;
 the :func:`subject` fixture checks after each test that no task, connection
 or key was left. ``conftest.py`` loads this module as a plugin, so its fixtures
 serve every test module.
+
+An :class:`~aiolock.Election` is not one of the primitives: its surface is
+``lead()``/``resign()``, not ``acquire()``/``release()``. Its subject
+(:data:`ELECTION`, the ``election_subject`` fixture) has the same admin view
+and checks, and ``test_contract_election.py`` the contract items that apply to it.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import redis.asyncio as redis
 
 from aiolock import (
     AsyncLock,
+    Election,
     MultiLock,
     ReadWriteLock,
     Redlock,
     Semaphore,
 )
+from aiolock._keys import Keys
 from aiolock._rwlock import RWSide
 from aiolock._scripts import RW_INDEX_SUFFIX
 from aiolock.testing import RedisServer
@@ -51,6 +58,13 @@ PRIMITIVES = ["AsyncLock", "Redlock", *SEMAPHORES, *SIDES, "MultiLock"]
 #: The primitives that run the contract on the asyncio loop only (the suite's time budget;
 #: ``AIOLOCK_TEST_BOTH_LOOPS=1``, as ``make loops`` sets it, runs them on uvloop too).
 ASYNCIO_ONLY = {"Redlock", *SEMAPHORES, *SIDES, "MultiLock"}
+
+#: The election under the contract (tests/primitives/test_contract_election.py). Not one of
+#: :data:`PRIMITIVES`: its public surface is ``lead()``/``run()``/``resign()``, not a lock's
+#: ``acquire()``/``release()``/``extend()``, so the contract items that apply to it are
+#: written there in its words, over this subject's admin view (a lock's: one server, one
+#: string key, a queue). Its fencing counter is kept by design (not a key left over).
+ELECTION = "Election"
 
 #: A MultiLock under the contract holds the test's name and this one beside it: its
 #: ``key`` (the one the admin side looks at) is the test's name's, taken first.
@@ -277,6 +291,9 @@ class Subject:
         self.quorum = kind == "Redlock"
         #: A waiter stands in a queue on the server (not a quorum's, nor a MultiLock's).
         self.queues = not self.quorum and kind != "MultiLock"
+        #: An election: its term is a lock's key; its fencing counter stays (every term's
+        #: fence is above every earlier one's, for the election's whole life).
+        self.election = kind == ELECTION
         #: How many hold it when it is held elsewhere: a lock's one, a semaphore's
         #: ``limit``, a read-write lock's writer (for a reader too: readers share).
         self.limit = SEMAPHORES.get(kind, 1)
@@ -364,6 +381,20 @@ class Subject:
             # A node limit with room for a loaded machine and for the pauses below.
             options.setdefault("node_timeout", min(1.0, ttl / 3))
         return Redlock(on, lock_name, **options)
+
+    def make_election(
+        self,
+        name: object = _TEST_NAME,
+        *,
+        process: int = 0,
+        clients: list[redis.Redis] | None = None,
+        **options: Any,
+    ) -> Election:
+        """An Election on ``name`` (the test's by default), in "process" ``process``."""
+        assert self.election, "make_election is the Election subject's"
+        on = clients if clients is not None else self.process(process)
+        election_name: Any = self.name if name is _TEST_NAME else name
+        return Election(on[0], election_name, **options)
 
     def excluder(self, lock: Lock) -> Lock:
         """What of ``lock``'s own makes it wait when held elsewhere: ``lock``, or a reader's writer.
@@ -458,7 +489,14 @@ class Subject:
         patterns = [all_keys(self.name)]
         if self.kind == "MultiLock":
             patterns.append(all_keys(self.name + MULTI_SECOND))
-        return [str(k) for a in self.admins for p in patterns for k in await a.keys(p)]
+        kept = {Keys(self.name).fence} if self.election else set()
+        return [
+            str(k)
+            for a in self.admins
+            for p in patterns
+            for k in await a.keys(p)
+            if str(k) not in kept
+        ]
 
     async def queued(self, lock: Lock) -> bool:
         """Whether the queue of ``lock``'s waiters is there (on its one server)."""
@@ -567,6 +605,35 @@ async def subject(
         assert await s.keys_left() == [], "a key was left on a server"
     finally:
         await s.unpause()
+        await s.aclose()
+
+
+@pytest.fixture
+async def election_subject(
+    contract_servers: list[RedisServer], name: str
+) -> AsyncIterator[Subject]:
+    """The election under the contract; after the test: no task, connection or key left.
+
+    It runs on the asyncio loop only, as the primitives of :data:`ASYNCIO_ONLY`
+    (``AIOLOCK_TEST_BOTH_LOOPS=1`` runs it on uvloop too). Its fencing counter,
+    kept by design, is deleted after the checks.
+    """
+    both = bool(os.environ.get("AIOLOCK_TEST_BOTH_LOOPS"))
+    if on_uvloop() and not both:
+        pytest.skip(f"{ELECTION} runs the contract on the asyncio loop only")
+    s = Subject(ELECTION, contract_servers, name)
+    try:
+        yield s
+        assert await other_tasks() == set(), "a task outlived the test"
+        assert await listeners_gone(), "a release-notification listener did not stop by itself"
+        for clients in s.client_sets:
+            for c in clients:
+                assert in_use_connections(c) == 0, "a connection was left checked out"
+        assert await s.keys_left() == [], "a key was left on a server"
+    finally:
+        await s.unpause()
+        for a in s.admins:
+            await a.delete(Keys(name).fence)
         await s.aclose()
 
 
