@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import redis as sync_redis
 import redis.asyncio as redis
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.base import STATE_RUNNING
-from support.checkout import EXAMPLES, load_example
+from support.checkout import EXAMPLES, ROOT, load_example
 from support.timing import eventually
 
 from aiolock import Election
@@ -45,6 +46,41 @@ async def fence_deleted(admin: redis.Redis, name: str) -> AsyncIterator[None]:
         yield
     finally:
         await admin.delete(Keys(name).fence)
+
+
+# -- the pages show the code the tests run ---------------------------------------------------
+
+
+def _python_blocks(heading: str) -> list[str]:
+    """The python blocks of the section ``## heading`` of docs/recipes.md."""
+    page = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    section = page.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```$", section, re.M | re.S)
+
+
+@pytest.mark.parametrize(
+    ("heading", "example"),
+    [
+        ("One APScheduler across replicas", "apscheduler_leader.py"),
+        ("A taskiq cron job that skips a run while the last one runs", "taskiq_cron.py"),
+    ],
+)
+def test_the_recipe_shows_the_example_s_code(heading: str, example: str) -> None:
+    """Each line of the recipe's code is the example's, in the example's order (some left out)."""
+    blocks = _python_blocks(heading)
+    assert blocks, f"no python block under {heading!r}"
+    lines = iter((EXAMPLES / example).read_text(encoding="utf-8").splitlines())
+    for line in "\n".join(blocks).splitlines():
+        if line.strip():
+            assert any(line == other for other in lines), f"{line!r} is not {example}'s"
+
+
+def test_the_celery_recipe_runs_the_command_the_test_runs() -> None:
+    """The celery recipe's command has the options the test gives `aiolock run` and celery."""
+    page = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    command = page.split("\n## Celery beat on one host at a time\n", 1)[1].split("```sh\n")[1]
+    for words in ("aiolock run --elect --ttl", "celery -A celery_beat --workdir examples beat"):
+        assert words in " ".join(command.split()), words
 
 
 # -- APScheduler: one active scheduler across replicas ---------------------------------------
