@@ -25,7 +25,7 @@ from support.servers import calls, wait_for_paused_client
 from support.timing import eventually
 
 from aiolock import AsyncLock, _queue, backoff
-from aiolock._server_state import ENTRY_CAP
+from aiolock._server_state import ENTRY_CAP, REFRESH_SHARE
 from aiolock.testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -560,6 +560,7 @@ async def test_one_hand_off_between_clients_costs_the_server_twelve_commands(
             await eventually(lambda: queue_length(admin, a, 2), "c queued")
         await asyncio.sleep(0.05)
         await admin.config_resetstat()
+        started = time.monotonic()
         # The hand-off measured: a releases to b, and queues again at once.
         await a.release()
         again = asyncio.create_task(a.acquire())
@@ -568,6 +569,7 @@ async def test_one_hand_off_between_clients_costs_the_server_twelve_commands(
         tasks.append(again)
         await eventually(lambda: queue_length(admin, a, waiters), "a queued again")
         stats = await admin.info("commandstats")
+        took = time.monotonic() - started
         # Not the lock's: this test's own questions, and the handshake of a new connection
         # (by command: "config|resetstat" from Redis 7.0 on, "config" before).
         ours = {"config", "info", "llen", "client", "hello"}
@@ -576,7 +578,16 @@ async def test_one_hand_off_between_clients_costs_the_server_twelve_commands(
             for key, value in stats.items()
             if key.removeprefix("cmdstat_").split("|")[0] not in ours
         }
-        assert sum(counted.values()) == (12 if waiters == 1 else 11), sorted(counted.items())
+        expected = 12 if waiters == 1 else 11
+        # A waiter refreshes its entry once per REFRESH_SHARE of its life: a window that
+        # lasted that long (a loaded machine) may hold a refresh of each (its PEXPIRE, or
+        # its keeper's script and what that runs), which is no hand-off's cost.
+        if took >= REFRESH_SHARE * ENTRY_CAP:
+            assert expected <= sum(counted.values()) <= expected + 3 * waiters, (
+                f"{took:.2f} s: {sorted(counted.items())}"
+            )
+        else:
+            assert sum(counted.values()) == expected, sorted(counted.items())
         await b.release()
         for lock in (c, a) if waiters == 2 else (a,):
             with anyio.fail_after(2):
