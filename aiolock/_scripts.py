@@ -98,6 +98,7 @@ __all__ = [
     "Bound",
     "Entry",
     "Header",
+    "Plan",
     "Script",
     "decode_holders",
     "encode_entry",
