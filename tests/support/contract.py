@@ -597,15 +597,20 @@ async def subject(
     s = Subject(request.param, contract_servers, name)
     try:
         yield s
-        assert await other_tasks() == set(), "a task outlived the test"
-        assert await listeners_gone(), "a release-notification listener did not stop by itself"
-        for clients in s.client_sets:
-            for c in clients:
-                assert in_use_connections(c) == 0, "a connection was left checked out"
-        assert await s.keys_left() == [], "a key was left on a server"
+        await _nothing_left(s)
     finally:
         await s.unpause()
         await s.aclose()
+
+
+async def _nothing_left(s: Subject) -> None:
+    """After a contract test: no task, listener, checked-out connection or key of it left."""
+    assert await other_tasks() == set(), "a task outlived the test"
+    assert await listeners_gone(), "a release-notification listener did not stop by itself"
+    for clients in s.client_sets:
+        for c in clients:
+            assert in_use_connections(c) == 0, "a connection was left checked out"
+    assert await s.keys_left() == [], "a key was left on a server"
 
 
 @pytest.fixture
@@ -624,12 +629,7 @@ async def election_subject(
     s = Subject(ELECTION, contract_servers, name)
     try:
         yield s
-        assert await other_tasks() == set(), "a task outlived the test"
-        assert await listeners_gone(), "a release-notification listener did not stop by itself"
-        for clients in s.client_sets:
-            for c in clients:
-                assert in_use_connections(c) == 0, "a connection was left checked out"
-        assert await s.keys_left() == [], "a key was left on a server"
+        await _nothing_left(s)
     finally:
         await s.unpause()
         for a in s.admins:
