@@ -47,7 +47,6 @@ from typing import Any
 
 import anyio
 import pytest
-import redis.asyncio as redis
 from support.contract import INF, NAN, Subject
 from support.leaks import assert_nothing_leaked, connections_made
 from support.locks import cancel_once_the_key_exists, kinds, names, names_value
@@ -228,24 +227,8 @@ async def test_cancel_before_the_server_ran_the_campaign_leaves_no_key(
         async with election.lead():
             entered.set()
 
-    await s.pause()  # WRITE: SET and EVALSHA are held back
-    task = asyncio.create_task(campaign())
-    try:
-        await s.wait_until_paused()
-        task.cancel()
-        await s.unpause()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    finally:
-        await s.unpause()
-        await finish(task)
+    await s.cancel_while_paused(campaign())
     assert not entered.is_set()
-    for a in s.admins:
-
-        async def none_blocked(a: redis.Redis = a) -> bool:
-            return not await blocked_client_ids(a)
-
-        await eventually(none_blocked, "the paused command to be dropped or run", timeout=3.0)
     await s.assert_absent_and_stays(election.key)
     with anyio.fail_after(2):  # the local queue is free again: the same object leads at once
         async with election.lead():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -40,7 +40,7 @@ from aiolock._scripts import RW_INDEX_SUFFIX
 from aiolock.testing import RedisServer
 from support.leaks import in_use_connections, listeners_gone, other_tasks
 from support.locks import all_keys, keys_of
-from support.servers import started_servers, wait_for_paused_client
+from support.servers import blocked_client_ids, started_servers, wait_for_paused_client
 from support.timing import eventually
 
 #: A lock under the contract (a new primitive joins this union).
@@ -566,6 +566,33 @@ class Subject:
         """Until every server holds a client's command back."""
         for a in self.admins:
             await wait_for_paused_client(a)
+
+    async def cancel_while_paused(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` until its command is held back by a pause, cancel it, unpause.
+
+        The task must end cancelled; afterwards no server holds a client blocked
+        (the paused command was dropped or ran). The window before the server ran
+        the command.
+        """
+        await self.pause()  # WRITE: SET and EVALSHA are held back
+        task = asyncio.create_task(coroutine)
+        try:
+            await self.wait_until_paused()
+            task.cancel()
+            await self.unpause()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await self.unpause()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for a in self.admins:
+
+            async def none_blocked(a: redis.Redis = a) -> bool:
+                return not await blocked_client_ids(a)
+
+            await eventually(none_blocked, "the paused command to be dropped or run", timeout=3.0)
 
     async def aclose(self) -> None:
         """Close every client and admin."""
