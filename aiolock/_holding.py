@@ -79,6 +79,10 @@ class State(enum.Enum):
     ENDED = "ended"
 
 
+#: The table of tasks of every lock that has none registered: shared, so never written
+#: (only ``_register`` adds to a table, and it makes the lock a table of its own first).
+_NO_TASKS: Final[dict[asyncio.Task[Any], Holding]] = {}
+
 HELD: Final = State.HELD
 LOST: Final = State.LOST
 ENDED: Final = State.ENDED
@@ -325,16 +329,21 @@ class Holdings:
     __slots__ = ("_by_task", "_current", "_detached", "_last")
 
     def __init__(self) -> None:
-        self._by_task: dict[asyncio.Task[Any], Holding] = {}
+        # (Both empty most of the time, and then shared: a lock's own table is made at
+        # its first registration, and a lock that holds no more gives it back.)
+        self._by_task: dict[asyncio.Task[Any], Holding] = _NO_TASKS
         #: Live holdings whose acquiring task ended, oldest first.
-        self._detached: list[Holding] = []
+        self._detached: tuple[Holding, ...] = ()
         #: The latest holding that has not ended, and the latest of all.
         self._current: Holding | None = None
         self._last: Holding | None = None
 
     def _register(self, task: asyncio.Task[Any], holding: Holding) -> None:
         """``task`` holds ``holding`` now; the tasks it starts from now on share it."""
-        self._by_task[task] = holding
+        by_task = self._by_task
+        if by_task is _NO_TASKS:
+            by_task = self._by_task = {}
+        by_task[task] = holding
         self._current = holding
         self._last = holding
         ancestors = ANCESTORS.get()
@@ -367,7 +376,7 @@ class Holdings:
             holding = detached[-1]
             if holding.live and not holding.loop.is_closed():
                 return holding
-            detached.pop()
+            detached = self._detached = detached[:-1]
             if holding.live:  # its loop closed while it was held
                 never_released(holding, "its event loop was closed while it was held")
         current = self._current
@@ -389,7 +398,7 @@ class Holdings:
         holding = self._by_task.pop(task, None)
         if holding is None or not holding.live:
             return None
-        self._detached.append(holding)
+        self._detached = (*self._detached, holding)
         # Keep nothing of the ended task (its coroutine, context and result): thousands
         # of holdings acquired by short tasks would keep thousands of them.
         holding.task = None
@@ -399,7 +408,7 @@ class Holdings:
         if queue.holder is task:
             queue.holder = holding
         if not self._by_task:
-            self._by_task = {}  # (a dict keeps the table it grew to)
+            self._by_task = _NO_TASKS  # (a dict keeps the table it grew to)
         return holding
 
     def _forget(self, holding: Holding) -> asyncio.Task[Any] | None:
@@ -408,9 +417,11 @@ class Holdings:
         found = None
         if task is not None and self._by_task.get(task) is holding:
             del self._by_task[task]
+            if not self._by_task:
+                self._by_task = _NO_TASKS
             found = task
         elif holding in self._detached:
-            self._detached.remove(holding)
+            self._detached = tuple(h for h in self._detached if h is not holding)
         if self._current is holding:
             self._current = None
         return found

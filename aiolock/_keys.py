@@ -34,8 +34,10 @@ __all__ = ["DEFAULT_PREFIX", "QUEUES", "Keys", "keys_for"]
 DEFAULT_PREFIX: Final = "aiolock:"
 #: The suffix of each kind's queue after ``:queue`` (the lock's has none).
 QUEUES: Final = {"lock": "", "semaphore": ":semaphore", "rw": ":rw"}
-#: How many names :func:`keys_for` remembers (then it starts afresh).
-_REMEMBERED: Final = 4096
+#: How many names :func:`keys_for` remembers (then it starts afresh): enough for the
+#: names a service locks again and again; a lease keeps its own keys, so thousands of
+#: held names need no more.
+_REMEMBERED: Final = 256
 
 
 @final
@@ -49,7 +51,7 @@ class Keys:
             companions would then fall into other cluster slots.
     """
 
-    __slots__ = ("channel", "fence", "lock", "queue")
+    __slots__ = ("_channel", "_fence", "lock", "queue")
 
     def __init__(
         self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True, kind: str = "lock"
@@ -77,10 +79,26 @@ class Keys:
         #: The queue of waiters between processes: ``<lock>:queue`` (and the kind's
         #: suffix), a list of tokens.
         self.queue: Final = f"{lock}:queue{QUEUES[kind]}"
-        #: The fencing counter: ``<lock>:fence``.
-        self.fence: Final = f"{lock}:fence"
-        #: The release channel: ``<lock>:released``.
-        self.channel: Final = f"{lock}:released"
+        # The fence's and the channel's, made at their first need: a lock that is only
+        # taken and held (thousands of them) never needs them.
+        self._fence: str | None = None
+        self._channel: str | None = None
+
+    @property
+    def fence(self) -> str:
+        """The fencing counter: ``<lock>:fence``."""
+        fence = self._fence
+        if fence is None:
+            fence = self._fence = f"{self.lock}:fence"
+        return fence
+
+    @property
+    def channel(self) -> str:
+        """The release channel: ``<lock>:released``."""
+        channel = self._channel
+        if channel is None:
+            channel = self._channel = f"{self.lock}:released"
+        return channel
 
     def entry(self, token: str) -> str:
         """The entry of the waiter with ``token``: ``<queue>:<token>``, alive while it exists.

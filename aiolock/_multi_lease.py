@@ -50,7 +50,7 @@ from ._checks import check_ttl, to_ms
 from ._keys import keys_for
 from ._lease import CLEANUP_BOUND, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, existing_queue, queue_for
-from ._scripts import EXTEND_MANY, MULTI_ACQUIRE, MULTI_FENCE, MULTI_RELEASE
+from ._scripts import EXTEND_MANY, MULTI_ACQUIRE, MULTI_FENCE, MULTI_RELEASE, renewals
 from ._site import site_of
 from ._timers import Cutoff
 from ._wire import ReplyLost
@@ -407,24 +407,25 @@ class MultiLease:
         list[list[int]],
         list[tuple[tuple[str, ...], tuple[Any, ...]]],
     ]:
-        """The ``EXTEND_MANY`` calls renewing ``items`` (lease, token, ms): one per slot.
+        """The ``EXTEND_MANY`` calls renewing ``items`` (lease, token, ms): one per slot and ms.
 
         Returns, per call, the item each of its keys belongs to, and the
         calls' keys and arguments.
         """
-        by_slot: dict[int | None, tuple[list[str], list[Any], list[int]]] = {}
+        # One call per slot and lease asked (most batches ask one: their ttl).
+        by_call: dict[tuple[int | None, int], tuple[list[str], list[str], list[int]]] = {}
         for index, (lease, token, ms) in enumerate(items):
             for group in lease._groups:
-                locks, args, where = by_slot.setdefault(group.slot, ([], [], []))
+                locks, tokens, where = by_call.setdefault((group.slot, ms), ([], [], []))
                 for lock in group.locks:
                     where.append(index)
                     locks.append(lock)
-                    args += (token, ms)
-        plan = [where for _, _, where in by_slot.values()]
+                    tokens.append(token)
+        plan = [where for _, _, where in by_call.values()]
         suffix = self.keys[0].queue[len(self.key) :]
         calls = [
-            EXTEND_MANY.call(locks=locks, suffix=suffix, holdings=args)
-            for locks, args, _ in by_slot.values()
+            EXTEND_MANY.call(locks=locks, ms=ms, suffix=suffix, tokens=tokens)
+            for (_, ms), (locks, tokens, _) in by_call.items()
         ]
         return plan, calls
 
@@ -442,10 +443,12 @@ class MultiLease:
         self.wire.observe(time.monotonic() - sent)
         replies: list[list[object]] = [[] for _ in items]
         for where, answer in zip(plan, answers, strict=True):
-            for position, index in enumerate(where):
-                replies[index].append(
-                    answer if isinstance(answer, Exception) else cast(list[Any], answer)[position]
-                )
+            if isinstance(answer, Exception):
+                for index in where:
+                    replies[index].append(answer)
+                continue
+            for index, renewal in zip(where, renewals(answer, len(where)), strict=True):
+                replies[index].append(renewal)
         outcomes: list[bool | Exception] = []
         for reply in replies:
             failed = next((r for r in reply if isinstance(r, Exception)), None)

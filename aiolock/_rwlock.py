@@ -78,7 +78,7 @@ class RWLease(ServerLease):
         self.foreign_without_expiry = False
 
     def _named(self) -> dict[str, Any]:
-        """The values of the names the read-write scripts share (see :meth:`ServerLease._bind`)."""
+        """The values of the names the read-write scripts share (the keys, ``sharded``)."""
         keys = self.keys
         return {
             "lock": keys.lock,

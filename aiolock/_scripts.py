@@ -105,6 +105,7 @@ __all__ = [
     "lua_source",
     "parse_entry",
     "parse_header",
+    "renewals",
     "resolve",
 ]
 
@@ -538,6 +539,24 @@ class Entry(NamedTuple):
     tag: str = ""
     #: The id of the keeper that keeps it alive; ``""``: its waiter's own refreshes.
     keeper: str = ""
+
+
+def renewals(reply: Iterable[Any], count: int) -> list[int]:
+    """Each holding's outcome from an ``*_EXTEND_MANY`` reply of a batch of ``count``.
+
+    The reply names the holdings not renewed (their positions, from 1:
+    ``i`` not ours any more, ``-i`` an error that says nothing of whose the
+    key is); every other one was renewed. Returns, in the batch's order, 1
+    (renewed), 0 (not ours) or -1 (not renewed now: try again).
+    """
+    outcomes = [1] * count
+    for position in reply:
+        at = int(position)
+        if at > 0:
+            outcomes[at - 1] = 0
+        else:
+            outcomes[-at - 1] = -1
+    return outcomes
 
 
 def encode_entry(ms: int, letter: str, number: int, tag: str = "", keeper: str = "") -> str:

@@ -84,7 +84,7 @@ class SemaphoreLease(ServerLease):
         self.gone = "the permit's lease was over, or its token no longer held one"
 
     def _named(self) -> dict[str, Any]:
-        """The values of the names the semaphore's scripts share (see :meth:`ServerLease._bind`)."""
+        """The values of the names the semaphore's scripts share (the keys, ``sharded``, ...)."""
         keys = self.keys
         return {
             "lock": keys.lock,

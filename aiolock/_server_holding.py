@@ -21,7 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._checks import to_ms
 from ._lease import Extension
-from ._scripts import Script
+from ._scripts import Call as ScriptCall
+from ._scripts import Script, renewals
 from ._server_state import ServerState
 from ._wire import ReplyLost
 
@@ -38,20 +39,38 @@ logger = logging.getLogger("aiolock")
 CONTENDED_HINT: Final = 0.05
 
 
-def _extend_call(
+def _extend_calls(
     script: Script, batch: Sequence[Extension], suffix: str
-) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """The keys and arguments of one ``*_EXTEND_MANY`` call renewing ``batch``."""
-    locks: list[str] = []
-    holdings: list[Any] = []
-    for lease, token, ttl in batch:
-        locks.append(cast("ServerHolding", lease).key)
-        holdings += (token, to_ms(ttl))
-    return script.call(locks=locks, suffix=suffix, holdings=holdings)
+) -> tuple[list[ScriptCall], list[list[int]]]:
+    """The ``*_EXTEND_MANY`` calls renewing ``batch``: one per hash slot and lease asked.
+
+    On one server every holding is in one slot (None). Most batches ask one
+    lease of all (their ttl); a holding whose lease is cut at its cap asks
+    another, in a call of its own. Returns the calls, and for each the
+    indices of ``batch`` it renews, in order.
+    """
+    groups: dict[tuple[int | None, int], list[int]] = {}
+    for i, (lease, _, ttl) in enumerate(batch):
+        where = (cast("ServerHolding", lease)._slot, to_ms(ttl))
+        group = groups.get(where)
+        if group is None:
+            groups[where] = [i]
+        else:
+            group.append(i)
+    calls = [
+        script.call(
+            locks=[cast("ServerHolding", batch[i][0]).key for i in group],
+            ms=ms,
+            suffix=suffix,
+            tokens=[batch[i][1] for i in group],
+        )
+        for (_, ms), group in groups.items()
+    ]
+    return calls, list(groups.values())
 
 
-def _extended(reply: Any) -> bool | Exception:
-    """One holding's outcome in an ``*_EXTEND_MANY`` reply."""
+def _extended(reply: int) -> bool | Exception:
+    """One holding's outcome (see :func:`~aiolock._scripts.renewals`)."""
     if reply == -1:
         return ResponseError("the server could not renew this holding now (its slot migrating?)")
     return bool(reply)
@@ -98,8 +117,9 @@ class ServerHolding(ServerState):
         holder that had lost the key in that very moment is then told it
         released; nothing else can tell the two apart.)
         """
-        script = self._release.script
-        keys, args = self._release.only(token)  # (the one argument left: the token)
+        release = self._releasing()
+        script = release.script
+        keys, args = release.only(token)  # (the one argument left: the token)
         try:
             return await self.wire.run(script, keys, args, once=True)
         except ReplyLost as lost:
@@ -158,33 +178,30 @@ class ServerHolding(ServerState):
         """Extend every item of ``batch`` (see :meth:`Lease.extend_many`).
 
         ``batch`` holds at most :data:`BATCH_MOST` items; one item is one
-        :meth:`extend`. One script call renews them all; on a cluster, one
-        call per hash slot, sent in one pipeline (each master its share).
+        :meth:`extend`. One script call renews them all (one per lease asked,
+        if they ask different ones); on a cluster, one call per hash slot,
+        sent in one pipeline (each master its share).
         """
         if len(batch) == 1:
             lease, token, ttl = batch[0]
             return [await lease.extend(token, ttl)]
         suffix = self.keys.queue[len(self.key) :]  # the kind's queue suffix
-        if not self.wire.cluster:
-            sent = time.monotonic()
-            keys, args = _extend_call(self._EXTEND_MANY, batch, suffix)
-            replies = await self.wire.run(self._EXTEND_MANY, keys, args, urgent=True)
-            self.wire.observe(time.monotonic() - sent)
-            return [_extended(reply) for reply in replies]
-        slots: dict[int | None, list[int]] = {}
-        for i, (lease, _, _) in enumerate(batch):
-            slots.setdefault(cast(ServerHolding, lease)._slot, []).append(i)
-        groups = list(slots.values())
-        calls = [
-            _extend_call(self._EXTEND_MANY, [batch[i] for i in group], suffix) for group in groups
-        ]
+        script = self._EXTEND_MANY
+        calls, groups = _extend_calls(script, batch, suffix)
         sent = time.monotonic()
-        answers = await self.wire.run_each(self._EXTEND_MANY, calls, urgent=True)
+        if len(calls) == 1 and not self.wire.cluster:
+            answers: list[Any] = [await self.wire.run(script, *calls[0], urgent=True)]
+        else:
+            answers = await self.wire.run_each(script, calls, urgent=True)
         self.wire.observe(time.monotonic() - sent)
         outcomes: list[bool | Exception] = [False] * len(batch)
         for group, answer in zip(groups, answers, strict=True):
-            for j, i in enumerate(group):
-                outcomes[i] = answer if isinstance(answer, Exception) else _extended(answer[j])
+            if isinstance(answer, Exception):
+                for i in group:
+                    outcomes[i] = answer
+                continue
+            for i, reply in zip(group, renewals(answer, len(group)), strict=True):
+                outcomes[i] = _extended(reply)
         return outcomes
 
     async def held(self) -> bool:

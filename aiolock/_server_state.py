@@ -139,18 +139,11 @@ class ServerState:
         self._listeners = site.listeners if notify else None
         # A fair lease's acquisitions in progress (their local queues), for statistics.
         self._calls: weakref.WeakSet[LocalQueue] | None = None  # (made at the first)
-        self._bind()
-
-    def _bind(self) -> None:
-        """Bind the release script's names, whose values do not change from call to call.
-
-        The scripts only a waiter needs (its scripted attempt, its leaving the
-        queue) are bound at their first need (:meth:`_acquiring`,
-        :meth:`_leaving`): a lock taken by a bare ``SET`` and released never
-        needs them, and thousands of held locks would keep them for nothing.
-        """
-        self._release: Bound = self._RELEASE.bind(**self._named())
+        # Each script's fixed names are bound at its first need (_acquiring, _releasing,
+        # _leaving): thousands of held locks would keep them for nothing, and a lock
+        # taken by a bare SET and released never needs the waiter's.
         self._acquire: Bound | None = None
+        self._release: Bound | None = None
         self._leave: Bound | None = None
 
     def _named(self) -> dict[str, Any]:
@@ -174,6 +167,13 @@ class ServerState:
         if acquire is None:
             acquire = self._acquire = self._ACQUIRE.bind(**self._named(), **self._acquire_named())
         return acquire
+
+    def _releasing(self) -> Bound:
+        """The release script, its fixed names bound (at its first need)."""
+        release = self._release
+        if release is None:
+            release = self._release = self._RELEASE.bind(**self._named())
+        return release
 
     def _leaving(self) -> Bound:
         """The script that takes a token out of the queue, its names bound (at its first need)."""

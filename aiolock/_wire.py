@@ -85,6 +85,10 @@ __all__ = [
 
 #: The least time an answer is given past a deadline, however fast the link has been.
 MIN_ALLOWANCE: Final = 0.1
+#: The most calls :meth:`Wire.run_each` sends in one pipeline (then the next, in turn): a
+#: cluster's pipeline costs the client about a kilobyte a call while it is out, and a
+#: renewal on a cluster is a call per slot.
+PIPELINE_MOST: Final = 16
 #: A pool with no connection free: the first pause before asking again, and the longest.
 EXHAUSTED_FIRST = 0.001
 EXHAUSTED_CAP = 0.05
@@ -515,41 +519,53 @@ class Wire:
         *,
         urgent: bool = False,
     ) -> list[Any]:
-        """Run ``script`` once per ``(keys, args)`` of ``calls``, all in one pipeline.
+        """Run ``script`` once per ``(keys, args)`` of ``calls``, in pipelines.
 
-        A cluster sends each master its share in one write, every master at
-        once, and resends on its own a call that met a redirection (a slot
-        migrating). Returns each call's reply, or the error it met, in order.
+        One pipeline of at most :data:`PIPELINE_MOST` calls after another. A
+        cluster sends each master its share of a pipeline in one write, every
+        master at once, and resends on its own a call that met a redirection
+        (a slot migrating). Returns each call's reply, or the error it met, in order.
         A ``NOSCRIPT`` reply means the call did not run: the script is
-        loaded and those calls are sent again. The pipeline takes one slot of
+        loaded and those calls are sent again. The pipelines take one slot of
         the client (see :meth:`_send`). Only for scripts that may run twice.
         """
         replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
         with self.translating:
             await self._gate.enter(urgent)
             try:
-                for round_ in range(2):
-                    pipe = self.client.pipeline(transaction=False)
-                    for i in todo:
-                        keys, args = calls[i]
-                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    answers = await pipe.execute(raise_on_error=False)
-                    for i, answer in zip(todo, answers, strict=True):
-                        replies[i] = answer
-                    todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
-                    if not todo or round_:
-                        break
-                    # (A cluster loads it on every master: the unknown ones are among them.)
-                    if self.cluster:
-                        await self.client.execute_command(
-                            "SCRIPT LOAD", script.text, target_nodes=RedisCluster.PRIMARIES
-                        )
-                    else:
-                        await self.client.execute_command("SCRIPT LOAD", script.text)
+                for start in range(0, len(calls), PIPELINE_MOST):
+                    todo = list(range(start, min(start + PIPELINE_MOST, len(calls))))
+                    await self._run_todo(script, calls, todo, replies)
             finally:
                 self._gate.leave()
         return replies
+
+    async def _run_todo(
+        self,
+        script: Script,
+        calls: Sequence[tuple[tuple[str, ...], tuple[Any, ...]]],
+        todo: list[int],
+        replies: list[Any],
+    ) -> None:
+        """Run the calls ``todo`` of ``calls`` in one pipeline, their replies into ``replies``."""
+        for round_ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            answers = await pipe.execute(raise_on_error=False)
+            for i, answer in zip(todo, answers, strict=True):
+                replies[i] = answer
+            todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            if not todo or round_:
+                break
+            # (A cluster loads it on every master: the unknown ones are among them.)
+            if self.cluster:
+                await self.client.execute_command(
+                    "SCRIPT LOAD", script.text, target_nodes=RedisCluster.PRIMARIES
+                )
+            else:
+                await self.client.execute_command("SCRIPT LOAD", script.text)
 
     async def wrong_kind(self, key: str) -> LockError:
         """The error for a command that met ``key`` holding another kind of primitive."""

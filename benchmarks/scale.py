@@ -193,16 +193,18 @@ async def held(url: str, count: int, hold: float, *, cluster: bool) -> dict[str,
                 )
         else:
             await asyncio.gather(*(client.ping() for _ in range(MAX_SLOTS)))
-        gc.collect()
-        base = _resident()
         # What the servers spend with nothing held (a cluster's nodes talk to each
-        # other): the renewal's share is what holding adds to it.
+        # other): the renewal's share is what holding adds to it. (Measured before the
+        # memory's base: the admin's first INFO opens its connections to every master.)
         idle0 = await _cpu([admin])
         t0 = time.monotonic()
         await asyncio.sleep(IDLE_S)
         idle = (await _cpu([admin]) - idle0) / (time.monotonic() - t0)
+        gc.collect()
+        base = _resident()
+        on_lost = lost.append  # (one callback for all, as a service passes its function)
         locks = [
-            AIOLOCK.make(client, f"bench:scale:{i}", ttl=HELD_TTL, on_lost=lost.append)
+            AIOLOCK.make(client, f"bench:scale:{i}", ttl=HELD_TTL, on_lost=on_lost)
             for i in range(count)
         ]
         started = time.monotonic()

@@ -420,20 +420,53 @@ LOCK_CASES = [
         {},
     ),
     Case(
-        "batched renewal: one reply per holding, mine, someone else's, gone, another kind",
+        "batched renewal answers the holdings not renewed: someone else's, gone, another kind",
         EXTEND_MANY,
         "lock",
-        {"lock": Str("me", 500), "lock@b": Str("other", 500), "lock@d": Permits({"me": 500})},
         {
-            "locks": ["{lock}", "{lock@b}", "{lock@c}", "{lock@d}"],
-            "suffix": ":queue",
-            "holdings": ["me", TTL, "me", TTL, "me", TTL, "me", TTL],
+            "lock": Str("me", 500),
+            "lock@b": Str("other", 500),
+            "lock@d": Permits({"me": 500}),
+            "lock@e": Str("me", 500),
         },
-        [1, 0, 0, 0],
+        {
+            "locks": ["{lock}", "{lock@b}", "{lock@c}", "{lock@d}", "{lock@e}"],
+            "ms": TTL,
+            "suffix": ":queue",
+            "tokens": ["me", "me", "me", "me", "me"],
+        },
+        [2, 3, 4],
         {
             "lock": Str("me", Between(501, TTL)),
             "lock@b": Str("other", Between(1, 500)),
             "lock@d": Permits({"me": Between(1, 500)}),
+            "lock@e": Str("me", Between(501, TTL)),
+        },
+    ),
+    Case(
+        "batched renewal keeps the queue of a renewed holding that has one, like EXTEND",
+        EXTEND_MANY,
+        "lock",
+        {
+            "lock": Str("me", 500),
+            "queue": Lst(["w1"], 400),
+            "lock@b": Str("me", 500),
+            "lock@c": Str("other", 500),
+            "queue@c": Lst(["w2"], 400),
+        },
+        {
+            "locks": ["{lock}", "{lock@b}", "{lock@c}"],
+            "ms": TTL,
+            "suffix": ":queue",
+            "tokens": ["me", "me", "me"],
+        },
+        [3],
+        {
+            "lock": Str("me", Between(501, TTL)),
+            "queue": Lst(["w1"], Between(TTL + 1, TTL + QUEUE_SLACK_MS)),
+            "lock@b": Str("me", Between(501, TTL)),
+            "lock@c": Str("other", Between(1, 500)),
+            "queue@c": Lst(["w2"], Between(1, 400)),
         },
     ),
     # -- HANDOVER
@@ -665,10 +698,11 @@ SEMAPHORE_CASES = [
         {"lock": Permits({"me": 500}), "lock@b": Permits({"other": 500})},
         {
             "locks": ["{lock}", "{lock@b}"],
+            "ms": TTL,
             "suffix": ":queue:semaphore",
-            "holdings": ["me", TTL, "me", TTL],
+            "tokens": ["me", "me"],
         },
-        [1, 0],
+        [2],
         {"lock": Permits({"me": Between(501, TTL)}), "lock@b": Permits({"other": Between(1, 500)})},
     ),
     Case(
@@ -860,10 +894,11 @@ RW_CASES = [
         {"lock": Holders({"me": ("w", 500)})},
         {
             "locks": ["{lock}", "{lock@b}"],
+            "ms": TTL,
             "suffix": ":queue:rw",
-            "holdings": ["me", TTL, "me", TTL],
+            "tokens": ["me", "me"],
         },
-        [1, 0],
+        [2],
         {"lock": Holders({"me": ("w", Between(501, TTL))})},
     ),
     Case(
@@ -1131,9 +1166,9 @@ def test_a_call_builds_keys_and_arguments_in_the_headers_order() -> None:
     keys, args = RELEASE.call(sharded="0", channel="c", token=T, fence="f", queue="q", lock="l")
     assert keys == ("l", "q", "f")
     assert args == ("t", "c", "0")
-    keys, args = EXTEND_MANY.call(holdings=["a", 1, "b", 2], suffix=":queue", locks=["k1", "k2"])
+    keys, args = EXTEND_MANY.call(tokens=["a", "b"], suffix=":queue", ms=1, locks=["k1", "k2"])
     assert keys == ("k1", "k2")
-    assert args == (":queue", "a", 1, "b", 2)
+    assert args == (1, ":queue", "a", "b")
 
 
 def test_a_missing_or_unknown_name_is_a_type_error() -> None:
