@@ -35,7 +35,7 @@ from support.timing import Lateness, eventually
 from aiolock import AsyncLock, LockError, ReadWriteLock, Semaphore, _packing
 from aiolock._gate import Gate
 from aiolock._packing import packed
-from aiolock._scripts import KEEP
+from aiolock._scripts import EXTEND_MANY, KEEP
 from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,13 +177,14 @@ async def test_holdings_keep_nothing_of_the_tasks_that_acquired_them(
 async def test_a_held_lock_costs_the_client_a_few_kilobytes_at_most(
     client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """1,000 held locks cost under 4.5 KB each, the lock objects and their names included.
+    """1,000 held locks cost under 3 KB each, the lock objects and their names included.
 
-    About 3.4 KB here: this test's long names make long keys, and each
-    holding still has its own timer for its first renewal (2.2 KB in the
+    About 2.8 KB here: this test's long names make long keys, and each
+    holding still has its own timer for its first renewal (1.9 KB in the
     scale benchmark, renewed, short names). The bound fails a holding that
     keeps per-lock copies of what every lock of a kind shares (bound
-    scripts did: 8 KB here).
+    scripts did: 8 KB here), or what it needs only to release or to wait
+    (its bound release script, its fence's and channel's names: 3.2 KB).
     """
     # The pool's connections, as many as aiolock uses at once (the client's, not the locks').
     warm = [AsyncLock(client, f"{name}:warm:{i}", ttl=10.0) for i in range(200)]
@@ -203,9 +204,86 @@ async def test_a_held_lock_costs_the_client_a_few_kilobytes_at_most(
         tracemalloc.stop()
     try:
         grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        assert grown / count < 4500, f"{grown / count:.0f} B per held lock"
+        assert grown / count < 3000, f"{grown / count:.0f} B per held lock"
     finally:
         await asyncio.gather(*(lock.release() for lock in locks))
+    assert await admin.keys(all_keys(name)) == []
+
+
+@pytest.mark.one_loop  # (the server's work: the same on both loops)
+async def test_a_batch_renews_with_one_read_and_one_write_per_holding(
+    client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """100 holdings renewed together: one MGET of all, a PEXPIRE each, one EXISTS, no GET.
+
+    Each holding's renewal used to run its own GET, PEXPIRE and a PEXPIRE of
+    its queue, present or not: 300 commands where 102 do. A queue is kept
+    only where one exists: with a waiter queued behind one of them, the
+    renewal extends that queue to the lease plus its slack (the waiter keeps
+    its place however long the lock is held).
+    """
+    locks = [AsyncLock(client, f"{name}:{i}", ttl=3.0) for i in range(100)]
+    assert all(await asyncio.gather(*(lock.acquire(timeout=10) for lock in locks)))
+    try:
+        await admin.script_load(EXTEND_MANY.text)  # (no NOSCRIPT in the count)
+        await admin.config_resetstat()
+
+        async def renewed_once() -> bool:
+            return await calls(admin, "pexpire") >= 100
+
+        await eventually(renewed_once, "every holding renewed", timeout=5)
+        batches = await calls(admin, "evalsha")
+        assert 1 <= batches <= 3, batches  # (acquired within a twelfth of the lease: one)
+        assert await calls(admin, "mget") == batches
+        assert await calls(admin, "exists") == batches
+        assert await calls(admin, "pexpire") == 100  # (no queue: none kept)
+        assert await calls(admin, "get") == 0
+        # A waiter queues behind the first: its queue lives for the holder's lease plus
+        # the slack (5.5 s at most), and each renewal sets it so again.
+        queue = keys_of(locks[0]).queue
+        behind = AsyncLock(other_client, f"{name}:0", ttl=3.0, fair=True)
+        waiter = asyncio.create_task(behind.acquire(timeout=10))
+
+        async def queued() -> bool:
+            return bool(await admin.llen(queue) == 1)
+
+        await eventually(queued, "the waiter queued", timeout=5)
+        await admin.config_resetstat()
+        await asyncio.sleep(2.5)  # two renewal periods and more
+        # Kept: at most one renewal period (1 s) ago; else 2.5 s would have gone by.
+        assert await admin.pttl(queue) > 5500 - 1100 - 100
+        assert await calls(admin, "exists") >= 2
+        assert await admin.lrange(queue, 0, -1) != []
+    finally:
+        await asyncio.gather(*(lock.release() for lock in locks))
+    assert await waiter is True
+    await behind.release()
+
+
+async def test_holdings_that_ask_different_leases_renew_together(
+    client: redis.Redis, admin: redis.Redis, name: str
+) -> None:
+    """A batch whose members ask different leases renews each with its own.
+
+    Five holdings of ``ttl=3`` and one capped by ``max_hold=3.2``, whose
+    renewal at 1 s asks only what is left of its cap (2.2 s): after it, each
+    key's lease is its own (one call per lease asked).
+    """
+    lost: list[object] = []
+    plain = [AsyncLock(client, f"{name}:{i}", ttl=3.0, on_lost=lost.append) for i in range(5)]
+    capped = AsyncLock(client, f"{name}:capped", ttl=3.0, max_hold=3.2, on_lost=lost.append)
+    assert all(await asyncio.gather(*(lock.acquire(timeout=5) for lock in [*plain, capped])))
+    try:
+        await asyncio.sleep(1.3)  # past the first renewal (1 s), before the second
+        assert lost == []
+        leases = [await admin.pttl(lock.key) for lock in plain]
+        assert all(2300 < left <= 3000 for left in leases), leases
+        left = await admin.pttl(capped.key)
+        assert 0 < left <= 2200, left  # (renewed with the others' 3 s: 2.7 s or more)
+    finally:
+        await asyncio.gather(*(lock.release() for lock in plain))
+        with contextlib.suppress(LockError):
+            await capped.release()
     assert await admin.keys(all_keys(name)) == []
 
 
