@@ -416,9 +416,7 @@ class Holdings:
         task = holding.task
         found = None
         if task is not None and self._by_task.get(task) is holding:
-            del self._by_task[task]
-            if not self._by_task:
-                self._by_task = _NO_TASKS
+            del self._by_task[task]  # (its table stays: a lock is usually taken again)
             found = task
         elif holding in self._detached:
             self._detached = tuple(h for h in self._detached if h is not holding)

@@ -117,7 +117,9 @@ class ServerHolding(ServerState):
         holder that had lost the key in that very moment is then told it
         released; nothing else can tell the two apart.)
         """
-        release = self._releasing()
+        release = self._release
+        if release is None:
+            release = self._releasing()
         script = release.script
         keys, args = release.only(token)  # (the one argument left: the token)
         try:
