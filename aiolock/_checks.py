@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Final, NoReturn, final
+from typing import Any, Final, NoReturn, TypeVar, final
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -80,24 +80,29 @@ def too_long(name: str, value: object) -> str:
     )
 
 
-#: The ints :func:`shared` hands out, by value.
-_SHARED: dict[int, int] = {}
+#: The numbers :func:`shared` hands out, by type and value (``1`` and ``1.0`` apart).
+_SHARED: dict[tuple[type, float], Any] = {}
 #: How many distinct values :func:`shared` keeps before it starts afresh.
 _SHARED_MOST: Final = 1024
 
+_Number = TypeVar("_Number", int, float)
 
-def shared(number: int) -> int:
+
+def shared(number: _Number) -> _Number:
     """``number`` as one object for every equal value kept long (a pid, a lease in ms).
 
-    An int beyond 256 is an object of its own, 28 to 32 bytes: ten thousand
-    holdings each keeping their own copy of the same few numbers pay for it.
+    An int beyond 256 is an object of its own, 28 to 32 bytes, and a float
+    24: ten thousand holdings each keeping their own copy of the same few
+    numbers pay for it.
     """
-    found = _SHARED.get(number)
+    key = (number.__class__, number)
+    found = _SHARED.get(key)
     if found is None:
         if len(_SHARED) >= _SHARED_MOST:
             _SHARED.clear()
-        found = _SHARED[number] = number
-    return found
+        found = _SHARED[key] = number
+    shared_number: _Number = found
+    return shared_number
 
 
 def to_ms(seconds: float) -> int:

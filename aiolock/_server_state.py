@@ -108,12 +108,12 @@ class ServerState:
         self._notify = notify
         self.fencing = fencing
         self._replicas = replicas
-        self._replica_timeout = replica_timeout
+        self._replica_timeout = shared(replica_timeout)
         self._replica_fsync = replica_fsync
         self._fair = fair
         self.ttl = self.span = ttl
         self._ms = shared(to_ms(ttl))
-        self._cleanup = min(ttl, CLEANUP_BOUND)
+        self._cleanup = shared(min(ttl, CLEANUP_BOUND))
         # The first attempt can be a bare SET NX, not the script: it says only taken or
         # not (RETRY). Off where the script must run (a subclass whose key is no plain
         # string turns it off too).
@@ -127,7 +127,7 @@ class ServerState:
         # heir holds the lock no longer), renewed to the full lease like any other. (A
         # waiter that will not renew asks for its whole lease instead: see _scripted.)
         self._letter = "f" if fencing else ""
-        self.refresh_every = REFRESH_SHARE * life
+        self.refresh_every = shared(REFRESH_SHARE * life)
         self._contended_until = 0.0
         self.gone = "the key was gone or held by another holder"
         #: The scripts' ``sharded`` argument: '1' on a cluster (sharded pub/sub).
