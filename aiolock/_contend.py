@@ -93,6 +93,8 @@ from ._decide import (
     WaitInQueue,
     decide,
     poll_delay,
+    queued_at_once,
+    subscribed,
     wins_at_once,
 )
 from ._lease import Call, Lease, Queueing, Reply, Unanswered
@@ -107,6 +109,7 @@ WATCH_SLACK: Final = 0.002
 #: The steps that still judge whether the attempt won (a win keeps its spare timer).
 _JUDGING_WIN: Final = (Cancelled, UndoLateWin)
 _ACQUIRED: Final = Acquired()
+_SUBSCRIBE: Final = Subscribe()
 _UNASKED: Final = Notifications.UNASKED
 _LIVE: Final = Notifications.LIVE
 _DOWN: Final = Notifications.DOWN
@@ -269,6 +272,12 @@ async def _contend(
             step: Step
             if wins_at_once(reply, unanswered, cancelled, sent, now, lease.span):
                 step = _ACQUIRED  # (what decide says, without writing down the rest)
+            elif queued_at_once(reply, unanswered, cancelled, deadline, now, call.queued, foreign):
+                # (The same again: a waiter queued behind a holder, its hot path.)
+                assert reply is not None  # noqa: S101 - an answer said held
+                step = (
+                    _SUBSCRIBE if subscription is None else subscribed(reply[1], subscription.live)
+                )
             else:
                 notifications = _UNASKED if subscription is None else _listening(subscription)
                 no_connection = call.waiting and not call.reached
@@ -325,11 +334,11 @@ async def _contend(
                         # (Queued: only a lease that queues puts the caller in the queue.)
                         if queueing is not None:
                             subscription = await queueing.subscribe(generation)
-                        seen = seen._replace(
-                            notifications=_DOWN
-                            if subscription is None
-                            else _listening(subscription)
-                        )
+                        # What decide says of the same attempt, notifications now known.
+                        assert reply is not None  # noqa: S101 - Subscribe answers a reply
+                        live = subscription is not None and subscription.live
+                        step = subscribed(reply[1], live)
+                        continue
                     case GiveUp():
                         return None
                     case RaiseNoConnection():

@@ -65,6 +65,8 @@ __all__ = [
     "WaitInQueue",
     "decide",
     "poll_delay",
+    "queued_at_once",
+    "subscribed",
     "wins_at_once",
 ]
 
@@ -294,6 +296,41 @@ def decide(seen: Seen) -> Step:
         if seen.notifications is _LIVE:
             return WaitInQueue(pttl)
     return Poll(pttl)
+
+
+def queued_at_once(
+    reply: Reply | None,
+    unanswered: Exception | None,
+    cancelled: bool,
+    deadline: float | None,
+    now: float,
+    queued: bool,
+    foreign_without_expiry: bool,
+) -> bool:
+    """Whether :func:`decide` would apply its rule 7, told without a :class:`Seen`.
+
+    The waiter's hot path: an answered attempt that found the lock held and
+    left the caller queued behind an aiolock holding, its caller not
+    cancelled, its deadline not reached. Where this says True, decide says
+    :class:`Subscribe` with no subscription yet, else :func:`subscribed`'s
+    step for whether notifications are live.
+    """
+    if unanswered is not None or cancelled or reply is None or not queued:
+        return False
+    if reply[0] != 0 or (deadline is not None and now >= deadline):
+        return False
+    pttl = reply[1]
+    return pttl != RETRY and not (pttl == -1 and foreign_without_expiry)
+
+
+def subscribed(pttl: int, live: bool) -> Step:
+    """What :func:`decide` says of an attempt it said :class:`Subscribe` to, once subscribed.
+
+    Only what the waiter knows of notifications changed (rule 7): live, it
+    waits in the queue; else it polls, capped by the holder's ``PTTL``. The
+    loop takes this instead of writing down the attempt again.
+    """
+    return WaitInQueue(pttl) if live else Poll(pttl)
 
 
 def wins_at_once(

@@ -46,6 +46,8 @@ from aiolock._decide import (
     WaitInQueue,
     decide,
     poll_delay,
+    queued_at_once,
+    subscribed,
     wins_at_once,
 )
 from aiolock._lease import NOT_HELD, RETRY, Call, Lease, Queueing, Reply, Unanswered
@@ -320,6 +322,57 @@ def test_the_hot_path_s_shortcut_agrees_with_decide(s: Seen) -> None:
         assert isinstance(decide(s), Acquired)
     if s.unanswered is None:
         assert at_once == isinstance(decide(s), Acquired)
+
+
+@PROPERTY
+@given(s=seens())
+def test_the_waiter_s_shortcut_agrees_with_decide(s: Seen) -> None:
+    """queued_at_once is decide's rule 7 for every answered attempt, and never more."""
+    at_once = queued_at_once(
+        s.reply, s.unanswered, s.cancelled, s.deadline, s.now, s.queued, s.foreign_without_expiry
+    )
+    step = decide(s)
+    if at_once:
+        assert s.reply is not None
+        if s.notifications is UNASKED:
+            assert step == Subscribe()
+        else:
+            assert step == subscribed(s.reply[1], s.notifications is LIVE)
+    if s.unanswered is None:
+        rule_7 = isinstance(step, Subscribe | WaitInQueue) or (
+            isinstance(step, Poll) and at_once and s.notifications is DOWN
+        )
+        assert at_once == rule_7
+
+
+@pytest.mark.parametrize(
+    ("pttl", "foreign", "queued"),
+    [
+        (500, False, True),
+        (500, True, True),
+        (-1, False, True),
+        (-1, True, True),
+        (500, False, False),
+    ],
+)
+def test_the_waiter_s_shortcut_polls_a_foreign_key_without_expiry(
+    pttl: int, foreign: bool, queued: bool
+) -> None:
+    """Queued: wait in the queue, except behind another library's key, which it polls."""
+    expected = queued and not (pttl == -1 and foreign)
+    assert queued_at_once((0, pttl), None, False, None, 1.0, queued, foreign) is expected
+
+
+@PROPERTY
+@given(s=seens(replies=fails), live=st.booleans())
+def test_the_step_after_subscribing_is_what_decide_says(s: Seen, live: bool) -> None:
+    """After Subscribe, ``subscribed`` is what decide says of the attempt, notifications known."""
+    s = s._replace(notifications=UNASKED)
+    if not isinstance(decide(s), Subscribe):
+        return
+    assert s.reply is not None
+    known = s._replace(notifications=LIVE if live else DOWN)
+    assert subscribed(s.reply[1], live) == decide(known)
 
 
 @PROPERTY
