@@ -31,10 +31,15 @@ functions case by case::
                         redis-py's TimeoutError
     RaiseLate           raise the attempt's error        ENDED
     RetryNow                                             ATTEMPTING
-    Subscribe           subscribe to the lock's channel  decide again, notifications known
+    Subscribe           subscribe to the lock's channel  subscribed(...): the step decide
+                                                         gives, notifications known
     WaitInQueue         wait for the grant               QUEUED, then ENDED: Won,
                                                          or ATTEMPTING
     Poll                sleep poll_delay(...)            PAUSED, then ATTEMPTING
+
+The two hot paths skip the :class:`Seen`: :func:`wins_at_once` (a win) and
+:func:`queued_at_once` (queued behind a holder: rule 7) tell from the reply
+alone what :func:`decide` would say; property tests hold each equal to it.
 """
 
 from __future__ import annotations
