@@ -329,8 +329,9 @@ class Holdings:
     __slots__ = ("_by_task", "_current", "_detached", "_last")
 
     def __init__(self) -> None:
-        # (Both empty most of the time, and then shared: a lock's own table is made at
-        # its first registration, and a lock that holds no more gives it back.)
+        # (Both empty most of the time. The table is shared until the lock's first
+        # registration makes its own; a lock whose holdings all detached (thousands
+        # held by tasks that ended) gives its table back.)
         self._by_task: dict[asyncio.Task[Any], Holding] = _NO_TASKS
         #: Live holdings whose acquiring task ended, oldest first.
         self._detached: tuple[Holding, ...] = ()

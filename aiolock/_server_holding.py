@@ -182,7 +182,7 @@ class ServerHolding(ServerState):
         ``batch`` holds at most :data:`BATCH_MOST` items; one item is one
         :meth:`extend`. One script call renews them all (one per lease asked,
         if they ask different ones); on a cluster, one call per hash slot,
-        sent in one pipeline (each master its share).
+        sent in pipelines (:meth:`~aiolock._wire.Wire.run_each`).
         """
         if len(batch) == 1:
             lease, token, ttl = batch[0]
