@@ -67,6 +67,7 @@ from typing import Any, Final, NamedTuple, NoReturn, final
 
 __all__ = [
     "ACQUIRE",
+    "ACQUIRE_LEAD",
     "EXTEND",
     "EXTEND_MANY",
     "HANDOVER",
@@ -119,6 +120,10 @@ KEEPER_MARK_MS: Final = 2000
 RW_INDEX_SUFFIX: Final = ":ends"
 #: How many holdings whose lease ended a read-write script drops when it meets them.
 RW_PURGE_MOST: Final = 16
+
+#: The arguments every kind's acquire script opens with, in this order: what
+#: :meth:`Bound.lead` fills in on the waiter's hot path.
+ACQUIRE_LEAD: Final = ("token", "ms", "entry", "entry_ms", "looks")
 
 #: The Python constants the scripts name, as Lua literals (see :func:`resolve`).
 _CONSTANTS: Final[dict[str, str]] = {
@@ -402,6 +407,7 @@ class Plan:
         "fixed",
         "index",
         "key_plan",
+        "lead",
         "needed",
         "only_at",
         "script",
@@ -432,6 +438,15 @@ class Plan:
         self.only_at = (
             self.arg_fill[0][0]
             if self.every_key and script.more_args is None and len(self.arg_fill) == 1
+            else None
+        )
+        #: With every key bound and the arguments left the first ones: how many they are
+        #: (see ``lead``); else None.
+        self.lead = (
+            len(self.arg_fill)
+            if self.every_key
+            and script.more_args is None
+            and [at for at, _ in self.arg_fill] == list(range(len(self.arg_fill)))
             else None
         )
 
@@ -505,6 +520,26 @@ class Bound:
             )
         args = self._args
         return keys, (*args[:at], value, *args[at + 1 :])
+
+    def lead(self, *values: Any) -> Call:
+        """:meth:`call` where the arguments left are the first ones: ``values`` are they, in order.
+
+        The waiter's hot path (an acquire script's token, lease, entry, ...):
+        no names to look up. The order is the header's (``ARGV[1]``, ...).
+
+        Raises:
+            TypeError: a key is left, or the arguments left are not the first
+                ones, or ``values`` are not as many.
+        """
+        lead = self._plan.lead
+        keys = self._keys
+        if lead is None or keys is None or len(values) != lead:
+            raise TypeError(
+                f"{self.script.name}: lead() needs every key bound and the first "
+                f"{lead} arguments given in order, got {len(values)}; "
+                f"left: {[name for _, name in self._plan.arg_fill]}"
+            )
+        return keys, (*values, *self._args[lead:])
 
     def _refuse(self, values: dict[str, Any]) -> NoReturn:
         fixed = self._plan.fixed

@@ -270,7 +270,8 @@ class ServerLease(ServerHolding, ServerQueueing):
             # Known from now on (the call's end forgets it, whatever happens).
             keeper.reserve(token, kept, shown)
         acquire = self._acquiring()
-        keys, args = acquire.call(token=token, ms=self._ms, entry=entry, entry_ms=life, looks=looks)
+        # (Every kind's acquire script opens with these five, in this order: ACQUIRE_LEAD.)
+        keys, args = acquire.lead(token, self._ms, entry, life, looks)
         if self._replicas:
             if trace is not None:
                 trace.reached = True  # (sent as a pipeline: assume it went out)
@@ -281,9 +282,7 @@ class ServerLease(ServerHolding, ServerQueueing):
                 reply = await self.wire.run(script, keys, args, once=True, trace=trace)
             except ReplyLost:
                 if looks == KNOWN:
-                    keys, args = acquire.call(
-                        token=token, ms=self._ms, entry=entry, entry_ms=life, looks=LOOK
-                    )
+                    keys, args = acquire.lead(token, self._ms, entry, life, LOOK)
                 reply = await self.wire.run(script, keys, args, trace=trace)
             answer = (int(reply[0]), int(reply[1]))
         if keeper is not None and not answer[0] and answer[1] != NOT_HELD:

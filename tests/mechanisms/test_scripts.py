@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 from aiolock._keys import keys_for
 from aiolock._scripts import (
     ACQUIRE,
+    ACQUIRE_LEAD,
     EXTEND,
     EXTEND_MANY,
     HANDOVER,
@@ -1203,6 +1204,31 @@ def test_only_gives_the_one_argument_left_where_call_would_put_it() -> None:
         SEMAPHORE_RELEASE.bind(lock="l", queue="q", channel="c", sharded="1").only(T)
     with pytest.raises(TypeError, match=r"left: \['lock', 'token'\]"):
         SEMAPHORE_RELEASE.bind(queue="q", channel="c", sharded="1", limit="3").only(T)
+
+
+@pytest.mark.parametrize("script", [ACQUIRE, SEMAPHORE_ACQUIRE, RW_ACQUIRE], ids=lambda s: s.name)
+def test_every_acquire_script_opens_with_the_arguments_lead_fills_in(script: Script) -> None:
+    """The waiter's hot path gives an acquire script's first five arguments by position."""
+    assert script.args[: len(ACQUIRE_LEAD)] == ACQUIRE_LEAD
+    named = {"lock": "l", "queue": "q", "fence": "f", "index": "i", "channel": "c"}
+    fixed = {name: value for name, value in named.items() if name in script.keys + script.args}
+    rest = {name: f"<{name}>" for name in script.args[len(ACQUIRE_LEAD) :]}
+    bound = script.bind(**fixed, **{k: v for k, v in rest.items() if k not in fixed})
+    values = ("tok", 2000, "2000 1 t", 1400, "1")
+    assert bound.lead(*values) == bound.call(**dict(zip(ACQUIRE_LEAD, values, strict=True)))
+
+
+def test_lead_needs_every_key_bound_and_the_first_arguments_left() -> None:
+    """lead() refuses a key left, an argument left past the first ones, or a wrong count."""
+    fixed = {"fencing": "0", "channel": "c", "sharded": "0"}
+    bound = ACQUIRE.bind(lock="l", queue="q", fence="f", **fixed)
+    with pytest.raises(TypeError, match=r"first 5 arguments given in order, got 4"):
+        bound.lead("t", 1, "e", 2)
+    with pytest.raises(TypeError, match=r"lead\(\) needs every key bound"):
+        ACQUIRE.bind(queue="q", fence="f", **fixed).lead("t", 1, "e", 2, "1")
+    later = ACQUIRE.bind(lock="l", queue="q", fence="f", token=T, **fixed)  # (ARGV[1] bound)
+    with pytest.raises(TypeError, match=r"left: \['ms', 'entry', 'entry_ms', 'looks'\]"):
+        later.lead(1, "e", 2, "1")
 
 
 @pytest.mark.parametrize(
