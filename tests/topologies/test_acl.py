@@ -246,6 +246,45 @@ async def test_the_recipes_user_runs_every_primitive(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+async def test_the_recipes_user_renews_many_holdings_in_batches(
+    server: RedisServer, admin: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the recipe's user, holdings of each kind renewed together (a queue among them) last.
+
+    Five of each kind held through three renewal periods: one batch call per
+    kind and period (MGET and EXISTS for the locks), none lost, no WARNING
+    (no refused renewal).
+    """
+    caplog.set_level(logging.WARNING, logger="aiolock")
+    async with (
+        recipe_user([admin]) as (user, password),
+        connected(server.url, username=user, password=password) as one,
+        connected(server.url, username=user, password=password) as two,
+    ):
+        locks: list[Any] = []
+        for i in range(5):
+            locks.append(AsyncLock(one, f"{name}:lock:{i}", ttl=0.6))
+            locks.append(Semaphore(one, f"{name}:semaphore:{i}", 2, ttl=0.6))
+            locks.append(ReadWriteLock(one, f"{name}:rw:{i}", ttl=0.6).reader)
+        assert all(await asyncio.gather(*(lock.acquire() for lock in locks)))
+        # A waiter queued behind the first lock: its queue is kept by the batch.
+        waiter = AsyncLock(two, f"{name}:lock:0", ttl=0.6, fair=True)
+        waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
+        await admin.config_resetstat()
+        await asyncio.sleep(0.7)  # three renewal periods of 0.2 s
+        assert await calls(admin, "mget") >= 2
+        assert await calls(admin, "exists") >= 2
+        assert not any(lock.lost for lock in locks)
+        assert not waiting.done()
+        await asyncio.gather(*(lock.release() for lock in locks))
+        assert await waiting
+        await waiter.release()
+        assert await listeners_gone()
+        keys = [k for k in await admin.keys(f"*{name}*") if not str(k).endswith(":fence")]
+        assert keys == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 async def test_a_user_without_a_command_is_told_where_the_rights_are(
     server: RedisServer, admin: redis.Redis, name: str
 ) -> None:
