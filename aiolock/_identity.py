@@ -1,11 +1,16 @@
 """Who holds a lease: an identity carried in the holding's token, readable on the server.
 
-A holding made with an identity stores the token ``<32 hex digits>:<identity>``
-in its key: the random part keeps every token unique (and secret enough to
-release only one's own holding), the part after the first ``:`` says who
-holds it. Anyone who can ``GET`` the key can tell who holds it
-(:func:`identity_of`) without knowing the token, and nothing else on the
-server changes: the scripts compare whole tokens, as always.
+Every acquisition mints the token ``<32 hex><11 hex><marks>:<identity>``
+(:func:`mint`): 128 random bits keep every token unique (and secret enough
+to release only one's own holding); the next 11 hex digits are the time the
+token was minted, in milliseconds since the epoch, by the holder's clock
+(:func:`minted_at`); the marks are letters saying what the holder is
+(``f``: it takes a fence; ``e``: an election's candidate; :func:`marks_of`);
+the part after the first ``:`` says who holds it. Anyone who can read the
+key (or a queue) can tell who holds it or waits (:func:`identity_of`)
+without knowing the token, and nothing else on the server changes: the
+scripts compare whole tokens, as always. A token of an older version
+(``<32 hex>`` alone, or ``<32 hex>:<identity>``) reads as no time and no marks.
 
 The identity is written percent-encoded (:func:`token_with`): a space or a
 ``%`` would break the grant messages, whose fields are separated by spaces
@@ -19,14 +24,20 @@ import asyncio
 import os
 import socket
 import string
+import time
 from typing import Final
 from urllib.parse import quote, unquote
 
 __all__ = [
     "IDENTITY_MOST",
     "check_identity",
+    "default_encoded",
     "default_identity",
+    "encode_identity",
     "identity_of",
+    "marks_of",
+    "mint",
+    "minted_at",
     "token_with",
 ]
 
@@ -71,6 +82,93 @@ def default_identity(task: asyncio.Task[object] | None = None) -> str:
     if len(identity) > IDENTITY_MOST or not identity.isprintable():
         identity = "".join(c if c.isprintable() else "?" for c in identity[:IDENTITY_MOST])
     return identity
+
+
+def encode_identity(identity: str) -> str:
+    """``identity`` as a token carries it: percent-encoded (no space, no ``%``, ASCII)."""
+    return quote(identity, safe=_SAFE)
+
+
+#: The default identity's ``host:pid:`` part, encoded: made once per process (see _forked).
+_host_pid: str | None = None
+#: The last task name seen by :func:`default_encoded`, and its encoded identity: one
+#: task acquiring again and again builds nothing; a cache per name would keep a string
+#: per task of a server that runs one task per request.
+_last_name: str | None = None
+_last_encoded = ""
+
+
+def _forked() -> None:
+    """A child process has another pid: forget what was made with the parent's."""
+    global _host_pid, _last_name
+    _host_pid = None
+    _last_name = None
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forked)
+
+
+def default_encoded() -> str:
+    """The calling task's default identity (:func:`default_identity`), encoded.
+
+    The ``host:pid:`` part is made once per process, the whole once per
+    task name in a row.
+    """
+    global _host_pid, _last_name, _last_encoded
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        task = None
+    name = task.get_name() if task is not None else "-"
+    if name is _last_name or name == _last_name:
+        return _last_encoded
+    head = _host_pid
+    if head is None:
+        head = _host_pid = encode_identity(f"{socket.gethostname()}:{os.getpid()}:")
+    if len(head) + len(name) <= IDENTITY_MOST and name.isprintable():
+        encoded = head + encode_identity(name)
+    else:
+        encoded = encode_identity(default_identity(task))
+    _last_name = name
+    _last_encoded = encoded
+    return encoded
+
+
+def mint(encoded: str | None, marks: str = "") -> str:
+    """A new token: 128 random bits, the time now, ``marks``, ``:``, the encoded identity.
+
+    ``encoded`` is :func:`encode_identity`'s output, or None for the calling
+    task's default identity.
+    """
+    if encoded is None:
+        encoded = default_encoded()
+    return f"{os.urandom(16).hex()}{time.time_ns() // 1_000_000:011x}{marks}:{encoded}"
+
+
+def _head(token: str | bytes) -> str:
+    text = token.decode("ascii", "replace") if isinstance(token, bytes) else token
+    return text.partition(":")[0]
+
+
+def minted_at(token: str | bytes | None) -> float | None:
+    """When :func:`mint` made ``token``, in seconds since the epoch; None if it does not say."""
+    if token is None:
+        return None
+    head = _head(token)
+    if len(head) < 43:
+        return None
+    try:
+        return int(head[32:43], 16) / 1000
+    except ValueError:
+        return None
+
+
+def marks_of(token: str | bytes | None) -> str:
+    """The marks :func:`mint` put in ``token`` (``f``: fenced, ``e``: election), or ``""``."""
+    if token is None:
+        return ""
+    return _head(token)[43:]
 
 
 def token_with(identity: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,6 +27,7 @@ from ._checks import UNSET, Unset, check_timeout, refuse_redis_py_extend
 from ._contend import obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._holding import current_task
+from ._identity import default_encoded, encode_identity
 from ._lease import Call, Lease
 from ._observe import observers
 from ._options import Options
@@ -57,10 +59,19 @@ class LockStatistics:
 class LeaseLock(Watch):
     """A primitive's holdings over its lease: the engine under every lock class."""
 
-    __slots__ = ("_backoff", "_blocking", "_cancel_on_lost", "_reentrant", "_timeout", "_ttl")
+    __slots__ = (
+        "_backoff",
+        "_blocking",
+        "_cancel_on_lost",
+        "_identity",
+        "_reentrant",
+        "_tail",
+        "_timeout",
+        "_ttl",
+    )
 
-    #: Its tokens are 128 random bits alone (else :meth:`_new_call` makes each call's).
-    _PLAIN_TOKENS: ClassVar[bool] = True
+    #: The marks of its tokens beyond the fence's (see :func:`aiolock._identity.mint`).
+    _MARKS: ClassVar[str] = ""
 
     def __init__(self, lease: Lease, options: Options, /) -> None:
         """Take the lease (with the name) and the options, both checked by the primitive."""
@@ -77,6 +88,12 @@ class LeaseLock(Watch):
         self._reentrant = options.reentrant
         self._max_hold = options.max_hold
         self._scopes = {} if options.cancel_on_lost else None
+        self._identity = options.identity
+        # What follows the random bits and the time in each token (see _new_call).
+        marks = self._MARKS + ("f" if lease.fencing else "")
+        self._tail = (
+            marks if options.identity is None else f"{marks}:{encode_identity(options.identity)}"
+        )
 
     # -- read-only facts ---------------------------------------------------------------
 
@@ -89,6 +106,16 @@ class LeaseLock(Watch):
     def key(self) -> str:
         """The lock's key: ``<prefix>{<name>}`` (on every node of a Redlock)."""
         return self._lease.key
+
+    @property
+    def identity(self) -> str | None:
+        """The identity given (``identity=``), or None: each holder's default then.
+
+        The default is ``host:pid:task-name`` of the task that acquires. The
+        identity is how :func:`aiolock.inspect` and ``aiolock status`` name
+        the holder or the waiter.
+        """
+        return self._identity
 
     @property
     def ttl(self) -> float:
@@ -229,7 +256,7 @@ class LeaseLock(Watch):
             deadline = None
         else:
             deadline = started + wait
-        call = Call() if self._PLAIN_TOKENS else self._new_call()
+        call = self._new_call()
         call.renews = self._auto_renew
         try:
             won = await obtain(
@@ -256,13 +283,15 @@ class LeaseLock(Watch):
         return True
 
     def _new_call(self) -> Call:
-        """The record of one ``acquire()`` call, with its new token.
+        """The record of one ``acquire()`` call, with its new token (made as ``mint`` does).
 
-        A primitive whose tokens carry more than 128 random bits (an
-        election's carry its candidate's identity) makes its own, and sets
-        ``_PLAIN_TOKENS`` to False (the plain ones make theirs without a call).
+        The token is minted here, when the call starts: its time is what
+        :func:`aiolock.inspect` reports as ``acquired_at``.
         """
-        return Call()
+        tail = self._tail
+        if self._identity is None:
+            tail = f"{tail}:{default_encoded()}"
+        return Call(f"{os.urandom(16).hex()}{time.time_ns() // 1_000_000:011x}{tail}")
 
     async def release(self) -> None:
         """Release the lock: delete the key if it is still ours and let the next holder in.
