@@ -38,7 +38,7 @@ from ._cancel import finish
 from ._checks import check_client, check_ttl
 from ._exceptions import LockLostError
 from ._holding import current_task
-from ._identity import check_identity, default_identity, identity_of
+from ._identity import UNKNOWN, check_identity, default_identity, identity_of
 from ._keys import DEFAULT_PREFIX, keys_for
 from ._leaselock import LeaseLock
 from ._options import Options
@@ -63,7 +63,6 @@ OBSERVE_POLL: Final = 0.25
 LINK_BOUND: Final = 2.0
 #: What :meth:`Election.observe` reports for a holder whose token names nobody (a plain
 #: lock on the election's name).
-UNKNOWN: Final = "unknown"
 #: What says that the link to the server failed (not the server's answer to a command):
 #: redis-py's connection errors and timeouts, the cluster client's own (not a
 #: ``RedisError``), and the socket's.

@@ -1,8 +1,8 @@
 """Who holds a lease: an identity carried in the holding's token, readable on the server.
 
-Every acquisition mints the token ``<32 hex><11 hex><marks>:<identity>``
+Every acquisition mints the token ``<32 hex><12 hex><marks>:<identity>``
 (:func:`mint`): 128 random bits keep every token unique (and secret enough
-to release only one's own holding); the next 11 hex digits are the time the
+to release only one's own holding); the next 12 hex digits are the time the
 token was minted, in milliseconds since the epoch, by the holder's clock
 (:func:`minted_at`); the marks are letters saying what the holder is
 (``f``: it takes a fence; ``e``: an election's candidate; :func:`marks_of`);
@@ -30,6 +30,7 @@ from urllib.parse import quote, unquote
 
 __all__ = [
     "IDENTITY_MOST",
+    "UNKNOWN",
     "check_identity",
     "default_encoded",
     "default_identity",
@@ -41,6 +42,8 @@ __all__ = [
     "token_with",
 ]
 
+#: The identity shown for a token that carries none (an older version's).
+UNKNOWN: Final = "unknown"
 #: The longest identity, in characters.
 IDENTITY_MOST: Final = 256
 #: What the token keeps as it is: printable ASCII but the space and ``%``.
@@ -109,17 +112,13 @@ if hasattr(os, "register_at_fork"):  # (not on Windows)
     os.register_at_fork(after_in_child=_forked)
 
 
-def default_encoded() -> str:
-    """The calling task's default identity (:func:`default_identity`), encoded.
+def default_encoded(task: asyncio.Task[object] | None) -> str:
+    """The default identity (:func:`default_identity`) of ``task``, encoded.
 
     The ``host:pid:`` part is made once per process, the whole once per
     task name in a row.
     """
     global _host_pid, _last_name, _last_encoded
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        task = None
     name = task.get_name() if task is not None else "-"
     if name is _last_name or name == _last_name:
         return _last_encoded
@@ -139,11 +138,17 @@ def mint(encoded: str | None, marks: str = "") -> str:
     """A new token: 128 random bits, the time now, ``marks``, ``:``, the encoded identity.
 
     ``encoded`` is :func:`encode_identity`'s output, or None for the calling
-    task's default identity.
+    task's default identity. (The engine mints its tokens the same way,
+    inline, in :meth:`aiolock._leaselock.LeaseLock.acquire`.)
     """
     if encoded is None:
-        encoded = default_encoded()
-    return f"{os.urandom(16).hex()}{time.time_ns() // 1_000_000:011x}{marks}:{encoded}"
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            task = None
+        encoded = default_encoded(task)
+    head = (os.urandom(16) + (time.time_ns() // 1_000_000).to_bytes(6)).hex()
+    return f"{head}{marks}:{encoded}"
 
 
 def _head(token: str | bytes) -> str:
@@ -156,10 +161,10 @@ def minted_at(token: str | bytes | None) -> float | None:
     if token is None:
         return None
     head = _head(token)
-    if len(head) < 43:
+    if len(head) < 44:
         return None
     try:
-        return int(head[32:43], 16) / 1000
+        return int(head[32:44], 16) / 1000
     except ValueError:
         return None
 
@@ -168,7 +173,7 @@ def marks_of(token: str | bytes | None) -> str:
     """The marks :func:`mint` put in ``token`` (``f``: fenced, ``e``: election), or ``""``."""
     if token is None:
         return ""
-    return _head(token)[43:]
+    return _head(token)[44:]
 
 
 def token_with(identity: str) -> str:

@@ -13,15 +13,14 @@ grants the next waiters at once, by the same grant rule as a release.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
 from redis.asyncio import RedisCluster
 
 from ._checks import check_client
-from ._election import UNKNOWN
-from ._identity import identity_of, marks_of, minted_at
+from ._identity import UNKNOWN, identity_of, marks_of, minted_at
 from ._keys import DEFAULT_PREFIX, QUEUES, Keys
 from ._scripts import FORCE, RW_FORCE, RW_INDEX_SUFFIX, SEMAPHORE_FORCE, STATUS_INSPECT
 from ._types import Client
@@ -202,7 +201,7 @@ async def inspect(
 
 async def held_names(
     client: Client, pattern: str = "*", *, prefix: str = DEFAULT_PREFIX, count: int = 500
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Yield the names whose key exists (held, or its queue's), ``SCAN`` over every master.
 
     ``pattern`` is a glob over the names (``*``, ``?``, ``[...]``, as

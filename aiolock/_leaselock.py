@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
+from os import urandom
+from time import time_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Never, NoReturn, Self
 
@@ -89,7 +90,7 @@ class LeaseLock(Watch):
         self._max_hold = options.max_hold
         self._scopes = {} if options.cancel_on_lost else None
         self._identity = options.identity
-        # What follows the random bits and the time in each token (see _new_call).
+        # What follows the random bits and the time in each token (see acquire).
         marks = self._MARKS + ("f" if lease.fencing else "")
         self._tail = (
             marks if options.identity is None else f"{marks}:{encode_identity(options.identity)}"
@@ -256,7 +257,15 @@ class LeaseLock(Watch):
             deadline = None
         else:
             deadline = started + wait
-        call = self._new_call()
+        # The call's token (see aiolock._identity.mint), minted now: its time is what
+        # aiolock.inspect reports as acquired_at. 16 random bytes and the time in ms
+        # (6 bytes) go to hex in one go.
+        head = (urandom(16) + (time_ns() // 1_000_000).to_bytes(6)).hex()
+        call = Call(
+            f"{head}{self._tail}:{default_encoded(task)}"
+            if self._identity is None
+            else head + self._tail
+        )
         call.renews = self._auto_renew
         try:
             won = await obtain(
@@ -281,17 +290,6 @@ class LeaseLock(Watch):
                 "acquired", holding, waited=time.monotonic() - started, contended=call.contended
             )
         return True
-
-    def _new_call(self) -> Call:
-        """The record of one ``acquire()`` call, with its new token (made as ``mint`` does).
-
-        The token is minted here, when the call starts: its time is what
-        :func:`aiolock.inspect` reports as ``acquired_at``.
-        """
-        tail = self._tail
-        if self._identity is None:
-            tail = f"{tail}:{default_encoded()}"
-        return Call(f"{os.urandom(16).hex()}{time.time_ns() // 1_000_000:011x}{tail}")
 
     async def release(self) -> None:
         """Release the lock: delete the key if it is still ours and let the next holder in.

@@ -359,6 +359,11 @@ class ReadWriteLock:
         """The lease in seconds given to each holding."""
         return self._ttl
 
+    @property
+    def identity(self) -> str | None:
+        """The identity given to both sides (``identity=``), or None: each holder's default."""
+        return self.reader.identity
+
     async def locked(self) -> bool:
         """Whether anyone holds the lock now, a reader or the writer (asks the server)."""
         lease = self.reader._lease

@@ -38,8 +38,8 @@ from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-#: 128 random bits, the mint time (ms, 11 hex digits), marks, ``:``, the identity.
-TOKEN = re.compile(r"[0-9a-f]{32}[0-9a-f]{11}[ef]*:[^ ]+")
+#: 128 random bits, the mint time (ms, 12 hex digits), marks, ``:``, the identity.
+TOKEN = re.compile(r"[0-9a-f]{32}[0-9a-f]{12}[ef]*:[^ ]+")
 WORKER = Path(__file__).with_name("_test_lock_worker.py")
 
 
