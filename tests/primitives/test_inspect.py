@@ -219,6 +219,7 @@ async def test_inspect_an_election_s_leader_and_candidates(
     """The leader "cand-1" with its term's fence, "cand-2" waiting: kind election."""
     first = Election(client, name, ttl=5.0, identity="cand-1")
     second = Election(other_client, name, ttl=5.0, identity="cand-2")
+
     async def stand() -> None:
         async with second.lead():
             pass
