@@ -37,6 +37,7 @@ from ._cancel import finish, honour_cancellation
 from ._contend import Won
 from ._exceptions import LockError, LockLostError, LockNotOwnedError
 from ._holding import Holding, Holdings, never_released
+from ._identity import identity_of
 from ._lease import CLEANUP_BOUND, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import hand_over
@@ -478,13 +479,18 @@ class Watch(Holdings):
         contended: bool = False,
         reason: str | None = None,
         error: BaseException | None = None,
+        token: str | None = None,
     ) -> None:
-        """Tell the observers (see :mod:`aiolock._observe`), if there are any."""
+        """Tell the observers (see :mod:`aiolock._observe`), if there are any.
+
+        ``token`` is the call's, for an event without a holding.
+        """
         if not observers:
             return
         held = None
         fence = None
         if holding is not None:
+            token = holding.token
             fence = holding.fence
             if kind in ("released", "lost"):
                 held = time.monotonic() - holding.acquired_at
@@ -499,6 +505,7 @@ class Watch(Holdings):
                 fence=fence,
                 reason=reason,
                 error=error,
+                identity=None if token is None else identity_of(token),
             )
         )
 
@@ -510,6 +517,7 @@ class Watch(Holdings):
             waited=time.monotonic() - started,
             contended=call.contended,
             error=error,
+            token=call.token,
         )
 
     def _renewed(self, holding: Holding, error: BaseException | None) -> None:
