@@ -48,7 +48,11 @@ end
 local waiters = {}
 local most = tonumber(ARGV[1]) - 1
 for number, queue in ipairs({KEYS[3], KEYS[4], KEYS[5]}) do
-    for _, token in ipairs(redis.call('LRANGE', queue, 0, most)) do
+    local tokens = {}
+    if redis.call('TYPE', queue)['ok'] == 'list' then  -- (else not aiolock's)
+        tokens = redis.call('LRANGE', queue, 0, most)
+    end
+    for _, token in ipairs(tokens) do
         local value = redis.call('GET', queue .. ':' .. token)
         if value then
             local keeper = select(5, parse_entry(value))
