@@ -211,11 +211,14 @@ async def held_names(
     """
     match = f"{_glob_escape(prefix)}{{{pattern}}}"
     if isinstance(client, RedisCluster):
+        await client.initialize()  # (a fresh client knows no node yet)
         for node in client.get_primaries():
             cursor = 0
             while True:
-                reply = await client.scan(cursor, match=match, count=count, target_nodes=node)
-                cursor, found = reply[node.name] if isinstance(reply, dict) else reply
+                # (A cluster client answers ({node name: next cursor}, keys).)
+                reply: Any = await client.scan(cursor, match=match, count=count, target_nodes=node)
+                cursors, found = reply
+                cursor = cursors[node.name]
                 for key in found:
                     name = _name_of(_text(key), prefix, pattern)
                     if name is not None:

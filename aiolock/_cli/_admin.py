@@ -23,11 +23,12 @@ from typing import Any, Final, TextIO
 from .._identity import check_identity
 from .._inspect import force_release, held_names, inspect
 from .._keys import Keys
+from .._types import Client
 from ._client import SERVER_ERRORS, close, connect
 from ._codes import EX_FREE, EX_OK, EX_UNAVAILABLE, EX_USAGE
 from ._urls import DEFAULT_URL, bad_url_message, redact_url, unavailable_message
 
-__all__ = ["ForceConfig", "ListConfig", "default_forcer", "force", "list_names"]
+__all__ = ["ForceConfig", "ListConfig", "default_forcer", "force", "held_rows", "list_names"]
 
 logger = logging.getLogger("aiolock")
 
@@ -74,35 +75,14 @@ async def _list(config: ListConfig, out: TextIO, err: TextIO) -> int:
     except ValueError as exc:
         print(bad_url_message(exc, config.url), file=err)
         return EX_USAGE
-    rows: list[dict[str, Any]] = []
-    more = False
     try:
         try:
-            names = held_names(client, config.pattern, prefix=config.prefix)
-            async for name in names:
-                if len(rows) >= config.limit:
-                    more = True
-                    break
-                info = await inspect(client, name, prefix=config.prefix)
-                if info is None or not info.holders:
-                    continue  # (freed since the scan)
-                ends = [h.remaining for h in info.holders if h.remaining is not None]
-                rows.append(
-                    {
-                        "name": name,
-                        "kind": info.kind,
-                        "holders": len(info.holders),
-                        "waiters": len(info.waiters),
-                        "lease": min(ends) if ends else None,
-                    }
-                )
-            await names.aclose()
+            rows, more = await held_rows(client, config.pattern, config.prefix, config.limit)
         except SERVER_ERRORS as exc:
             print(unavailable_message(exc, config.url), file=err)
             return EX_UNAVAILABLE
     finally:
         await close(client)
-    rows.sort(key=lambda row: row["name"])
     if config.json:
         for row in rows:
             print(json.dumps(row), file=out)
@@ -122,6 +102,37 @@ async def _list(config: ListConfig, out: TextIO, err: TextIO) -> int:
             file=err,
         )
     return EX_OK if rows else EX_FREE
+
+
+async def held_rows(
+    client: Client, pattern: str, prefix: str, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of ``ls`` (name, kind, holders, waiters, lease), by name; whether more matched."""
+    rows: list[dict[str, Any]] = []
+    more = False
+    names = held_names(client, pattern, prefix=prefix)
+    try:
+        async for name in names:
+            if len(rows) >= limit:
+                more = True
+                break
+            info = await inspect(client, name, prefix=prefix)
+            if info is None or not info.holders:
+                continue  # (freed since the scan)
+            ends = [h.remaining for h in info.holders if h.remaining is not None]
+            rows.append(
+                {
+                    "name": name,
+                    "kind": info.kind,
+                    "holders": len(info.holders),
+                    "waiters": len(info.waiters),
+                    "lease": min(ends) if ends else None,
+                }
+            )
+    finally:
+        await names.aclose()
+    rows.sort(key=lambda row: row["name"])
+    return rows, more
 
 
 def default_forcer() -> str:
