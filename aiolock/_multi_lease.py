@@ -52,7 +52,6 @@ from ._lease import CLEANUP_BOUND, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, existing_queue, queue_for
 from ._scripts import (
     EXTEND_MANY,
-    FORCED_SUFFIX,
     MULTI_ACQUIRE,
     MULTI_FENCE,
     MULTI_RELEASE,
@@ -492,13 +491,12 @@ class MultiLease:
 
     async def forced_by(self, token: str) -> str | None:
         """Who released one of the names of ``token`` by force (its mark), or None."""
-        for group in self._groups:
-            for lock in group.locks:
-                forcer = await self.wire.get(f"{lock}{FORCED_SUFFIX}{token}")
-                if isinstance(forcer, bytes):
-                    return forcer.decode("utf-8", "replace")
-                if forcer is not None:
-                    return str(forcer)
+        for keys in self.keys:
+            forcer = await self.wire.get(keys.forced(token))
+            if isinstance(forcer, bytes):
+                return forcer.decode("utf-8", "replace")
+            if forcer is not None:
+                return str(forcer)
         return None
 
     async def held(self) -> bool:

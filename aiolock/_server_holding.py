@@ -21,8 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._checks import to_ms
 from ._lease import Extension
-from ._scripts import FORCED_SUFFIX, Script, renewals
 from ._scripts import Call as ScriptCall
+from ._scripts import Script, renewals
 from ._server_state import ServerState
 from ._wire import ReplyLost
 
@@ -212,7 +212,7 @@ class ServerHolding(ServerState):
 
     async def forced_by(self, token: str) -> str | None:
         """Who released ``token``'s holding by force, from its mark; None if not marked."""
-        return _text_or_none(await self.wire.get(f"{self.key}{FORCED_SUFFIX}{token}"))
+        return _text_or_none(await self.wire.get(self.keys.forced(token)))
 
     async def holds(self, token: str) -> bool:
         """Whether the key holds ``token`` (asks the server)."""
