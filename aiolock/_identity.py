@@ -30,6 +30,7 @@ from urllib.parse import quote, unquote
 
 __all__ = [
     "IDENTITY_MOST",
+    "LAST_DEFAULT",
     "UNKNOWN",
     "check_identity",
     "default_encoded",
@@ -95,17 +96,17 @@ def encode_identity(identity: str) -> str:
 #: The default identity's ``host:pid:`` part, encoded: made once per process (see _forked).
 _host_pid: str | None = None
 #: The last task name seen by :func:`default_encoded`, and its encoded identity: one
-#: task acquiring again and again builds nothing; a cache per name would keep a string
-#: per task of a server that runs one task per request.
-_last_name: str | None = None
-_last_encoded = ""
+#: task acquiring again and again builds nothing (the engine reads it inline: a hit
+#: costs no call); a cache per name would keep a string per task of a server that runs
+#: one task per request.
+LAST_DEFAULT: Final[list[str | None]] = [None, ""]
 
 
 def _forked() -> None:
     """A child process has another pid: forget what was made with the parent's."""
-    global _host_pid, _last_name
+    global _host_pid
     _host_pid = None
-    _last_name = None
+    LAST_DEFAULT[0] = None
 
 
 if hasattr(os, "register_at_fork"):  # (not on Windows)
@@ -118,10 +119,11 @@ def default_encoded(task: asyncio.Task[object] | None) -> str:
     The ``host:pid:`` part is made once per process, the whole once per
     task name in a row.
     """
-    global _host_pid, _last_name, _last_encoded
+    global _host_pid
     name = task.get_name() if task is not None else "-"
-    if name is _last_name or name == _last_name:
-        return _last_encoded
+    last = LAST_DEFAULT
+    if name == last[0]:
+        return last[1] or ""
     head = _host_pid
     if head is None:
         head = _host_pid = encode_identity(f"{socket.gethostname()}:{os.getpid()}:")
@@ -129,8 +131,8 @@ def default_encoded(task: asyncio.Task[object] | None) -> str:
         encoded = head + encode_identity(name)
     else:
         encoded = encode_identity(default_identity(task))
-    _last_name = name
-    _last_encoded = encoded
+    last[0] = name
+    last[1] = encoded
     return encoded
 
 

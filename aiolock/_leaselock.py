@@ -28,7 +28,7 @@ from ._checks import UNSET, Unset, check_timeout, refuse_redis_py_extend
 from ._contend import obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._holding import current_task
-from ._identity import default_encoded, encode_identity
+from ._identity import LAST_DEFAULT, default_encoded, encode_identity
 from ._lease import Call, Lease
 from ._observe import observers
 from ._options import Options
@@ -261,11 +261,14 @@ class LeaseLock(Watch):
         # aiolock.inspect reports as acquired_at. 16 random bytes and the time in ms
         # (6 bytes) go to hex in one go.
         head = (urandom(16) + (time_ns() // 1_000_000).to_bytes(6)).hex()
-        call = Call(
-            f"{head}{self._tail}:{default_encoded(task)}"
-            if self._identity is None
-            else head + self._tail
-        )
+        if self._identity is None:
+            name = task.get_name()
+            if name is LAST_DEFAULT[0]:  # (the task that acquired last: its identity made)
+                call = Call(f"{head}{self._tail}:{LAST_DEFAULT[1]}")
+            else:
+                call = Call(f"{head}{self._tail}:{default_encoded(task)}")
+        else:
+            call = Call(head + self._tail)
         call.renews = self._auto_renew
         try:
             won = await obtain(

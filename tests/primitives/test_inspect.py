@@ -83,6 +83,21 @@ async def test_inspect_names_the_holder_by_host_pid_and_task_name_by_default(
     assert await aiolock.inspect(client, name) is None  # free and unwaited
 
 
+async def test_tasks_taking_turns_on_one_lock_are_each_named(
+    client: redis.Redis, name: str, no_leaks: None
+) -> None:
+    """Tasks "t1", "t2", "t1" acquire in turn: each holding names its own task."""
+    lock = AsyncLock(client, name, ttl=5.0)
+
+    async def job() -> str | None:
+        async with lock:
+            info = await aiolock.inspect(client, name)
+        return info.holders[0].identity if info else None
+
+    seen = [await asyncio.create_task(job(), name=n) for n in ["t1", "t2", "t1", "t1"]]
+    assert seen == [f"{HERE}t1", f"{HERE}t2", f"{HERE}t1", f"{HERE}t1"]
+
+
 async def test_inspect_gives_the_identity_given_and_the_holder_s_fence(
     client: redis.Redis, name: str, no_leaks: None, admin: redis.Redis
 ) -> None:
