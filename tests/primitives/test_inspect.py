@@ -357,6 +357,7 @@ async def test_a_forced_release_of_a_semaphore_or_read_write_lock(
     client: redis.Redis, other_client: redis.Redis, admin: redis.Redis, name: str, kind: str
 ) -> None:
     """Every holder is taken and told; the first waiter is granted at once."""
+    holders: list[Any]
     if kind == "semaphore":
         holders = [Semaphore(client, name, 2, identity=i) for i in ("h1", "h2")]
         waiter: Any = Semaphore(other_client, name, 2, identity="w")

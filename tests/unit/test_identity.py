@@ -65,10 +65,11 @@ async def test_the_default_is_each_task_s_own_name_even_when_tasks_alternate() -
 def test_a_forked_child_makes_its_default_again() -> None:
     """After a fork the host:pid part and the cached identity are forgotten."""
     default_encoded(None)
-    assert _identity.LAST_DEFAULT[0] == "-"
+    last: list[str | None] = _identity.LAST_DEFAULT
+    assert last[0] == "-"
     _identity._forked()
     assert _identity._host_pid is None
-    assert _identity.LAST_DEFAULT[0] is None
+    assert [last[0]] == [None]
     assert default_encoded(None) == encode_identity(f"{HERE}-")
 
 
