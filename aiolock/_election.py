@@ -348,7 +348,7 @@ class Election:
         error = failure[0]
         message = (
             f"election {self._name!r}: the server did not answer this candidate "
-            f"({self._lock._identity or default_identity()}) for {self._link_bound():g} s, "
+            f"({self._lock.identity or default_identity()}) for {self._link_bound():g} s, "
             f"or failed ({error!r}); stopped campaigning"
         )
         logger.warning("%s", message)

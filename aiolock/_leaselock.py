@@ -21,6 +21,7 @@ from os import urandom
 from time import time_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Never, NoReturn, Self
+from urllib.parse import unquote
 
 from redis.exceptions import RedisError
 
@@ -64,7 +65,6 @@ class LeaseLock(Watch):
         "_backoff",
         "_blocking",
         "_cancel_on_lost",
-        "_identity",
         "_reentrant",
         "_tail",
         "_timeout",
@@ -89,8 +89,10 @@ class LeaseLock(Watch):
         self._reentrant = options.reentrant
         self._max_hold = options.max_hold
         self._scopes = {} if options.cancel_on_lost else None
-        self._identity = options.identity
-        # What follows the random bits and the time in each token (see acquire).
+        # What follows the random bits and the time in each token (see acquire): the
+        # marks, then ':' and the identity given, encoded; the marks alone (no ':') for
+        # the default identity, which is the acquiring task's. (One slot: a held lock
+        # costs its bytes.)
         marks = self._MARKS + ("f" if lease.fencing else "")
         self._tail = (
             marks if options.identity is None else f"{marks}:{encode_identity(options.identity)}"
@@ -116,7 +118,8 @@ class LeaseLock(Watch):
         identity is how :func:`aiolock.inspect` and ``aiolock status`` name
         the holder or the waiter.
         """
-        return self._identity
+        _, colon, encoded = self._tail.partition(":")
+        return unquote(encoded) if colon else None
 
     @property
     def ttl(self) -> float:
@@ -261,14 +264,13 @@ class LeaseLock(Watch):
         # aiolock.inspect reports as acquired_at. 16 random bytes and the time in ms
         # (6 bytes) go to hex in one go.
         head = (urandom(16) + (time_ns() // 1_000_000).to_bytes(6)).hex()
-        if self._identity is None:
-            name = task.get_name()
-            if name is LAST_DEFAULT[0]:  # (the task that acquired last: its identity made)
-                call = Call(f"{head}{self._tail}:{LAST_DEFAULT[1]}")
-            else:
-                call = Call(f"{head}{self._tail}:{default_encoded(task)}")
+        tail = self._tail
+        if ":" in tail:  # an identity given
+            call = Call(head + tail)
+        elif task.get_name() is LAST_DEFAULT[0]:  # (the last task to acquire: made already)
+            call = Call(f"{head}{tail}:{LAST_DEFAULT[1]}")
         else:
-            call = Call(head + self._tail)
+            call = Call(f"{head}{tail}:{default_encoded(task)}")
         call.renews = self._auto_renew
         try:
             won = await obtain(
