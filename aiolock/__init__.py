@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._election import Election, Term
     from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
     from ._guard import guard
+    from ._inspect import HolderInfo, LockInfo, WaiterInfo, inspect
     from ._leaselock import LockStatistics
     from ._lock import AsyncLock
     from ._multilock import MultiLock
@@ -41,8 +42,10 @@ __all__ = [
     "AcquireTimeout",
     "AsyncLock",
     "Election",
+    "HolderInfo",
     "LockError",
     "LockEvent",
+    "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
@@ -51,10 +54,12 @@ __all__ = [
     "Redlock",
     "Semaphore",
     "Term",
+    "WaiterInfo",
     "__version__",
     "add_observer",
     "backoff",
     "guard",
+    "inspect",
     "remove_observer",
 ]
 
@@ -63,8 +68,10 @@ _HOMES = {
     "AcquireTimeout": "._exceptions",
     "AsyncLock": "._lock",
     "Election": "._election",
+    "HolderInfo": "._inspect",
     "LockError": "._exceptions",
     "LockEvent": "._observe",
+    "LockInfo": "._inspect",
     "LockLostError": "._exceptions",
     "LockNotOwnedError": "._exceptions",
     "LockStatistics": "._leaselock",
@@ -73,9 +80,11 @@ _HOMES = {
     "Redlock": "._redlock",
     "Semaphore": "._semaphore",
     "Term": "._election",
+    "WaiterInfo": "._inspect",
     "add_observer": "._observe",
     "backoff": ".backoff",
     "guard": "._guard",
+    "inspect": "._inspect",
     "remove_observer": "._observe",
 }
 

@@ -38,15 +38,13 @@ from ._cancel import finish
 from ._checks import check_client, check_ttl
 from ._exceptions import LockLostError
 from ._holding import current_task
-from ._identity import check_identity, default_identity, identity_of, token_with
+from ._identity import UNKNOWN, check_identity, default_identity, identity_of
 from ._keys import DEFAULT_PREFIX, keys_for
-from ._lease import Call
 from ._leaselock import LeaseLock
 from ._options import Options
 from ._server_lease import server_lease
 
 if TYPE_CHECKING:
-    from ._lease import Lease
     from ._types import Client
 
 __all__ = ["Election", "Term", "standby"]
@@ -65,7 +63,6 @@ OBSERVE_POLL: Final = 0.25
 LINK_BOUND: Final = 2.0
 #: What :meth:`Election.observe` reports for a holder whose token names nobody (a plain
 #: lock on the election's name).
-UNKNOWN: Final = "unknown"
 #: What says that the link to the server failed (not the server's answer to a command):
 #: redis-py's connection errors and timeouts, the cluster client's own (not a
 #: ``RedisError``), and the socket's.
@@ -79,17 +76,8 @@ class ElectionLock(LeaseLock):
     ``ElectionLock`` in the OpenTelemetry metrics).
     """
 
-    __slots__ = ("_identity",)
-    _PLAIN_TOKENS = False
-
-    def __init__(self, lease: Lease, options: Options, identity: str | None) -> None:
-        super().__init__(lease, options)
-        self._identity = identity
-
-    def _new_call(self) -> Call:
-        call = Call()
-        call.token = token_with(self._identity or default_identity())
-        return call
+    __slots__ = ()
+    _MARKS = "e"
 
     def _what(self) -> str:
         return "Election"
@@ -246,8 +234,8 @@ class Election:
                 cancel_on_lost=True,
                 reentrant=False,
                 max_hold=None,
+                identity=identity,
             ),
-            identity,
         )
         self._terms: dict[asyncio.Task[Any], Term] = {}
 
@@ -360,7 +348,7 @@ class Election:
         error = failure[0]
         message = (
             f"election {self._name!r}: the server did not answer this candidate "
-            f"({self._lock._identity or default_identity()}) for {self._link_bound():g} s, "
+            f"({self._lock.identity or default_identity()}) for {self._link_bound():g} s, "
             f"or failed ({error!r}); stopped campaigning"
         )
         logger.warning("%s", message)
@@ -569,8 +557,8 @@ def standby(
             cancel_on_lost=False,
             reentrant=False,
             max_hold=None,
+            identity=election.identity,
         ),
-        election.identity,
     )
     return election
 

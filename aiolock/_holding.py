@@ -107,6 +107,10 @@ class Watcher(Protocol):
         """Mark ``holding`` lost with ``reason`` (idempotent)."""
         ...
 
+    def _gone_at_renewal(self, holding: Holding) -> None:
+        """A renewal found the key no longer ``holding``'s: lost now, the reason looked up."""
+        ...
+
     def _renewed(self, holding: Holding, error: BaseException | None) -> None:
         """One renewal of ``holding`` reset its lease (None), or failed (the error)."""
         ...

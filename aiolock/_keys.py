@@ -15,6 +15,7 @@ name                 key                                 what it holds
                                                         (a kept one: while its keeper's mark does)
 :meth:`Keys.mark`    ``<prefix>{<name>}:queue:@<id>``    a client's keeper of its waiters is alive
 :attr:`Keys.fence`   ``<prefix>{<name>}:fence``          the last fencing number (kept)
+:meth:`Keys.forced`  ``<prefix>{<name>}:forced:<token>`` who released that holder's token by force
 :attr:`Keys.channel` ``<prefix>{<name>}:released``       the release and grant channel
 ===================  ==================================  =====================================
 
@@ -106,6 +107,14 @@ class Keys:
         The scripts build the same name from :attr:`queue` (it shares the slot).
         """
         return f"{self.queue}:{token}"
+
+    def forced(self, token: str) -> str:
+        """The mark a forced release leaves for the holder of ``token``: ``<lock>:forced:<token>``.
+
+        It names who forced the release; the holder's loss path reads it.
+        The force scripts build the same name.
+        """
+        return f"{self.lock}:forced:{token}"
 
     def mark(self, keeper: str) -> str:
         """The mark of the keeper ``keeper`` of a client's waiters: ``<queue>:@<keeper>``.

@@ -108,9 +108,10 @@ class Call:
         "waiting",
     )
 
-    def __init__(self) -> None:
-        #: The token of every attempt of this call (and of its queue entry): 128 random bits.
-        self.token = os.urandom(16).hex()  # secrets.token_hex(16), one call less
+    def __init__(self, token: str | None = None) -> None:
+        #: The token of every attempt of this call (and of its queue entry): the one given
+        #: (see :func:`aiolock._identity.mint`), else 128 random bits.
+        self.token = os.urandom(16).hex() if token is None else token
         #: How many attempts the call has sent.
         self.attempts = 0
         #: An attempt put the caller in the queue on the server (it may still be there).
@@ -333,6 +334,14 @@ class Lease(Protocol):
 
     async def held(self) -> bool:
         """Whether anyone holds the lock now (asks the server)."""
+        ...
+
+    async def forced_by(self, token: str) -> str | None:
+        """Who released ``token``'s holding by force (its mark), or None (asks the server).
+
+        Only the loss path asks: a holding found gone may have been freed by
+        ``aiolock release --force``, which leaves a mark naming the forcer.
+        """
         ...
 
     async def holds(self, token: str) -> bool:

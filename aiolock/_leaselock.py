@@ -17,8 +17,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from os import urandom
+from time import time_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Never, NoReturn, Self
+from urllib.parse import unquote
 
 from redis.exceptions import RedisError
 
@@ -26,6 +29,7 @@ from ._checks import UNSET, Unset, check_timeout, refuse_redis_py_extend
 from ._contend import obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._holding import current_task
+from ._identity import LAST_DEFAULT, default_encoded, encode_identity
 from ._lease import Call, Lease
 from ._observe import observers
 from ._options import Options
@@ -57,10 +61,18 @@ class LockStatistics:
 class LeaseLock(Watch):
     """A primitive's holdings over its lease: the engine under every lock class."""
 
-    __slots__ = ("_backoff", "_blocking", "_cancel_on_lost", "_reentrant", "_timeout", "_ttl")
+    __slots__ = (
+        "_backoff",
+        "_blocking",
+        "_cancel_on_lost",
+        "_reentrant",
+        "_tail",
+        "_timeout",
+        "_ttl",
+    )
 
-    #: Its tokens are 128 random bits alone (else :meth:`_new_call` makes each call's).
-    _PLAIN_TOKENS: ClassVar[bool] = True
+    #: The marks of its tokens beyond the fence's (see :func:`aiolock._identity.mint`).
+    _MARKS: ClassVar[str] = ""
 
     def __init__(self, lease: Lease, options: Options, /) -> None:
         """Take the lease (with the name) and the options, both checked by the primitive."""
@@ -77,6 +89,14 @@ class LeaseLock(Watch):
         self._reentrant = options.reentrant
         self._max_hold = options.max_hold
         self._scopes = {} if options.cancel_on_lost else None
+        # What follows the random bits and the time in each token (see acquire): the
+        # marks, then ':' and the identity given, encoded; the marks alone (no ':') for
+        # the default identity, which is the acquiring task's. (One slot: a held lock
+        # costs its bytes.)
+        marks = self._MARKS + ("f" if lease.fencing else "")
+        self._tail = (
+            marks if options.identity is None else f"{marks}:{encode_identity(options.identity)}"
+        )
 
     # -- read-only facts ---------------------------------------------------------------
 
@@ -89,6 +109,17 @@ class LeaseLock(Watch):
     def key(self) -> str:
         """The lock's key: ``<prefix>{<name>}`` (on every node of a Redlock)."""
         return self._lease.key
+
+    @property
+    def identity(self) -> str | None:
+        """The identity given (``identity=``), or None: each holder's default then.
+
+        The default is ``host:pid:task-name`` of the task that acquires. The
+        identity is how :func:`aiolock.inspect` and ``aiolock status`` name
+        the holder or the waiter.
+        """
+        _, colon, encoded = self._tail.partition(":")
+        return unquote(encoded) if colon else None
 
     @property
     def ttl(self) -> float:
@@ -229,7 +260,17 @@ class LeaseLock(Watch):
             deadline = None
         else:
             deadline = started + wait
-        call = Call() if self._PLAIN_TOKENS else self._new_call()
+        # The call's token (see aiolock._identity.mint), minted now: its time is what
+        # aiolock.inspect reports as acquired_at. 16 random bytes and the time in ms
+        # (6 bytes) go to hex in one go.
+        head = (urandom(16) + (time_ns() // 1_000_000).to_bytes(6)).hex()
+        tail = self._tail
+        if ":" in tail:  # an identity given
+            call = Call(head + tail)
+        elif task.get_name() is LAST_DEFAULT[0]:  # (the last task to acquire: made already)
+            call = Call(f"{head}{tail}:{LAST_DEFAULT[1]}")
+        else:
+            call = Call(f"{head}{tail}:{default_encoded(task)}")
         call.renews = self._auto_renew
         try:
             won = await obtain(
@@ -254,15 +295,6 @@ class LeaseLock(Watch):
                 "acquired", holding, waited=time.monotonic() - started, contended=call.contended
             )
         return True
-
-    def _new_call(self) -> Call:
-        """The record of one ``acquire()`` call, with its new token.
-
-        A primitive whose tokens carry more than 128 random bits (an
-        election's carry its candidate's identity) makes its own, and sets
-        ``_PLAIN_TOKENS`` to False (the plain ones make theirs without a call).
-        """
-        return Call()
 
     async def release(self) -> None:
         """Release the lock: delete the key if it is still ours and let the next holder in.

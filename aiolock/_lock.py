@@ -56,6 +56,10 @@ class AsyncLock(LeaseLock):
         reentrant: let a task acquire the lock again while it holds it
             (counted; each acquire needs its release).
         prefix: the key prefix.
+        identity: how others see each holding and each waiting call of this
+            lock (:func:`aiolock.inspect`, ``aiolock status``): a ``str``
+            of at most 256 printable characters. Default: the acquiring
+            task's ``host:pid:task-name``.
         fencing: number each acquisition with a strictly increasing
             :attr:`fence`, kept in a companion key that is never deleted.
         replicas: how many replicas must acknowledge an acquisition (``WAIT``
@@ -125,6 +129,7 @@ class AsyncLock(LeaseLock):
         reentrant: bool = False,
         max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
+        identity: str | None = None,
         fencing: bool = False,
         replicas: int = 0,
         replica_timeout: float | None = None,
@@ -180,6 +185,7 @@ class AsyncLock(LeaseLock):
                 cancel_on_lost=cancel_on_lost,
                 reentrant=reentrant,
                 max_hold=max_hold,
+                identity=identity,
             ),
         )
 

@@ -50,7 +50,13 @@ from ._checks import check_ttl, to_ms
 from ._keys import keys_for
 from ._lease import CLEANUP_BOUND, Call, Extension, Reply, Unanswered
 from ._queue import LocalQueue, existing_queue, queue_for
-from ._scripts import EXTEND_MANY, MULTI_ACQUIRE, MULTI_FENCE, MULTI_RELEASE, renewals
+from ._scripts import (
+    EXTEND_MANY,
+    MULTI_ACQUIRE,
+    MULTI_FENCE,
+    MULTI_RELEASE,
+    renewals,
+)
 from ._site import site_of
 from ._timers import Cutoff
 from ._wire import ReplyLost
@@ -482,6 +488,16 @@ class MultiLease:
         """
         items = [(cast(MultiLease, lease), token, to_ms(ttl)) for lease, token, ttl in batch]
         return await self._extend_items(items)
+
+    async def forced_by(self, token: str) -> str | None:
+        """Who released one of the names of ``token`` by force (its mark), or None."""
+        for keys in self.keys:
+            forcer = await self.wire.get(keys.forced(token))
+            if isinstance(forcer, bytes):
+                return forcer.decode("utf-8", "replace")
+            if forcer is not None:
+                return str(forcer)
+        return None
 
     async def held(self) -> bool:
         """Whether any of the names is held now (asks the server): an acquire would wait."""

@@ -114,6 +114,10 @@ class MultiLock(LeaseLock):
         max_hold: the longest one holding may last, in seconds (``None``: no
             cap; at least ``ttl``).
         prefix: the key prefix of every name.
+        identity: how others see each holding and each waiting call of this
+            lock (:func:`aiolock.inspect`, ``aiolock status``): a ``str``
+            of at most 256 printable characters. Default: the acquiring
+            task's ``host:pid:task-name``.
         fencing: number each holding with a strictly increasing
             :attr:`fence`: every name's fencing counter moves to the same
             number, above every fence any of the names had before, so a
@@ -176,6 +180,7 @@ class MultiLock(LeaseLock):
         reentrant: bool = False,
         max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
+        identity: str | None = None,
         fencing: bool = False,
         **refused: Never,
     ) -> None:
@@ -199,6 +204,7 @@ class MultiLock(LeaseLock):
                 cancel_on_lost=cancel_on_lost,
                 reentrant=reentrant,
                 max_hold=max_hold,
+                identity=identity,
             ),
         )
 

@@ -78,6 +78,9 @@ class LockEvent:
         held: ``released`` and ``lost``: seconds since the lock was acquired.
         fence: the holding's fencing number (``fencing=True`` only).
         reason: ``lost``: why, in words.
+        identity: who holds (or tried to acquire): the identity the holding's
+            token carries, as :func:`aiolock.inspect` shows it (the lock's
+            ``identity=``, else ``host:pid:task-name`` of the acquiring task).
         error: ``renewal_failed``: the exception the renewal raised;
             ``not_acquired``: the exception ``acquire()`` raised, if it raised.
     """
@@ -91,6 +94,7 @@ class LockEvent:
     fence: int | None = None
     reason: str | None = None
     error: BaseException | None = None
+    identity: str | None = None
 
 
 #: What :func:`add_observer` takes: a callable of one :class:`LockEvent`.

@@ -2,7 +2,7 @@
 
 Each primitive keeps its own keyword signature (its documentation lists
 them), checks what is its own (the client, the name, ``ttl``, its lease's
-options), builds its lease, and then passes these nine to :meth:`Options.of`,
+options), builds its lease, and then passes these ten to :meth:`Options.of`,
 which checks them in one place, in the same order for every primitive, and
 returns the frozen object the engine (:class:`~aiolock._leaselock.LeaseLock`)
 reads. A ``ReadWriteLock`` checks them once for both of its sides.
@@ -16,6 +16,7 @@ from typing import Any, Final, final
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_callback, check_max_hold, check_timeout
+from ._identity import check_identity
 
 __all__ = ["Options"]
 
@@ -38,6 +39,8 @@ class Options:
         cancel_on_lost: cancel the body of ``async with`` when its holding is lost.
         reentrant: the holding task may acquire again (nested holdings).
         max_hold: the longest one holding may last, in seconds (``None``: no cap).
+        identity: how holdings and waiters are named to others (``None``: each
+            acquiring task's ``host:pid:task-name``).
     """
 
     ttl: float
@@ -49,6 +52,7 @@ class Options:
     cancel_on_lost: bool
     reentrant: bool
     max_hold: float | None
+    identity: str | None = None
 
     @classmethod
     def of(
@@ -63,6 +67,7 @@ class Options:
         cancel_on_lost: bool,
         reentrant: bool,
         max_hold: float | None,
+        identity: str | None = None,
     ) -> Options:
         """Check the options (``ttl`` comes checked) and return them as one object.
 
@@ -95,4 +100,5 @@ class Options:
             cancel_on_lost,
             reentrant,
             check_max_hold(max_hold, ttl),
+            None if identity is None else check_identity(identity),
         )

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Final, cast, final
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._checks import MAX_SECONDS, check_seconds, too_long, warn_long_ttl
@@ -374,6 +375,17 @@ class QuorumLease:
             assert isinstance(failed, Exception)  # noqa: S101 - none answered
             raise failed
         return answered
+
+    async def forced_by(self, token: str) -> str | None:
+        """Who released ``token`` by force on one of the nodes (the first mark found), or None."""
+        for node in self._nodes:
+            try:
+                forcer = await node.forced_by(token)
+            except (RedisError, OSError):
+                continue
+            if forcer is not None:
+                return forcer
+        return None
 
     async def held(self) -> bool:
         """Whether one token is on a majority of the nodes (asks them).

@@ -124,6 +124,10 @@ class Redlock(LeaseLock):
             holding is lost (reported as any loss) and the key is freed
             for the next holder.
         prefix: the key prefix, the same on every node.
+        identity: how others see each holding and each waiting call of this
+            lock (:func:`aiolock.inspect`, ``aiolock status``): a ``str``
+            of at most 256 printable characters. Default: the acquiring
+            task's ``host:pid:task-name``.
         node_timeout: the limit in seconds of every node call (acquire,
             extend, release, queries, cleanup), below ``ttl``; by default
             ``min(0.1, ttl / 10)``. A node that does not answer in time
@@ -174,6 +178,7 @@ class Redlock(LeaseLock):
         node_timeout: float | None = None,
         timeout: float | None = None,
         prefix: str = DEFAULT_PREFIX,
+        identity: str | None = None,
         blocking: bool = True,
         backoff: _backoff.Backoff | Callable[[int], float] | None = None,
         on_lost: Callable[[Redlock], object] | None = None,
@@ -214,6 +219,7 @@ class Redlock(LeaseLock):
                 cancel_on_lost=cancel_on_lost,
                 reentrant=reentrant,
                 max_hold=max_hold,
+                identity=identity,
             ),
         )
 

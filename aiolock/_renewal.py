@@ -379,7 +379,7 @@ class Renewer:
                     # lease of the two: a renewal with the extend's lease lifts that.
                     self._push(holding, now)
             elif outcome is False:
-                lock._declare_lost(holding, "the key was gone or held by another holder at renewal")
+                lock._gone_at_renewal(holding)
             elif outcome is not None:
                 failed.append(holding)
                 lock._renewed(holding, outcome)

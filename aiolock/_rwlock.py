@@ -227,6 +227,10 @@ class ReadWriteLock:
             holding is lost (reported as any loss) and the key is freed
             for the next holder.
         prefix: the key prefix.
+        identity: how others see each holding and each waiting call of this
+            lock (both sides) (:func:`aiolock.inspect`, ``aiolock status``): a ``str``
+            of at most 256 printable characters. Default: the acquiring
+            task's ``host:pid:task-name``.
         fair: accepted for symmetry with ``AsyncLock``: waiters are always
             served in arrival order.
 
@@ -282,6 +286,7 @@ class ReadWriteLock:
         cancel_on_lost: bool = False,
         max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
+        identity: str | None = None,
         fair: bool = False,
         **refused: Never,
     ) -> None:
@@ -303,6 +308,7 @@ class ReadWriteLock:
             cancel_on_lost=cancel_on_lost,
             reentrant=False,
             max_hold=max_hold,
+            identity=identity,
         )
         self._name = name
         self._key = keys.lock
@@ -352,6 +358,11 @@ class ReadWriteLock:
     def ttl(self) -> float:
         """The lease in seconds given to each holding."""
         return self._ttl
+
+    @property
+    def identity(self) -> str | None:
+        """The identity given to both sides (``identity=``), or None: each holder's default."""
+        return self.reader.identity
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock now, a reader or the writer (asks the server)."""

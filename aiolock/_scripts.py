@@ -70,6 +70,9 @@ __all__ = [
     "ACQUIRE_LEAD",
     "EXTEND",
     "EXTEND_MANY",
+    "FORCE",
+    "FORCED_MARK_MS",
+    "FORCED_SUFFIX",
     "HANDOVER",
     "KEEP",
     "KEEPER_MARK_MS",
@@ -82,6 +85,7 @@ __all__ = [
     "RW_ACQUIRE",
     "RW_EXTEND",
     "RW_EXTEND_MANY",
+    "RW_FORCE",
     "RW_INDEX_SUFFIX",
     "RW_LEAVE",
     "RW_PURGE_MOST",
@@ -91,11 +95,13 @@ __all__ = [
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_EXTEND",
     "SEMAPHORE_EXTEND_MANY",
+    "SEMAPHORE_FORCE",
     "SEMAPHORE_HANDOVER",
     "SEMAPHORE_LEAVE",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_STATE",
     "STATUS_HOLDERS",
+    "STATUS_INSPECT",
     "Bound",
     "Entry",
     "Header",
@@ -120,6 +126,12 @@ KEEPER_MARK_MS: Final = 2000
 RW_INDEX_SUFFIX: Final = ":ends"
 #: How many holdings whose lease ended a read-write script drops when it meets them.
 RW_PURGE_MOST: Final = 16
+#: A forced release marks each token it took in the key ``<key>:forced:<token>``
+#: (:data:`FORCED_SUFFIX`), naming who forced it, for the holder's remaining lease plus
+#: this (ms): long enough for its next renewal or release to read why it lost the key.
+FORCED_MARK_MS: Final = 60_000
+#: What follows the key in a forced release's mark, before the token.
+FORCED_SUFFIX: Final = ":forced:"
 
 #: The arguments every kind's acquire script opens with, in this order: what
 #: :meth:`Bound.lead` fills in on the waiter's hot path.
@@ -131,6 +143,7 @@ _CONSTANTS: Final[dict[str, str]] = {
     "KEEPER_MARK_MS": str(KEEPER_MARK_MS),
     "RW_INDEX_SUFFIX": f"'{RW_INDEX_SUFFIX}'",
     "RW_PURGE_MOST": str(RW_PURGE_MOST),
+    "FORCED_MARK_MS": str(FORCED_MARK_MS),
 }
 
 _INCLUDE = re.compile(r"--@include ([a-z_]+)[ \t]*")
@@ -647,6 +660,10 @@ MULTI_RELEASE: Final = Script.load("multi/release.lua")
 MULTI_FENCE: Final = Script.load("multi/fence.lua")
 
 STATUS_HOLDERS: Final = Script.load("status/holders.lua")
+STATUS_INSPECT: Final = Script.load("status/inspect.lua")
+FORCE: Final = Script.load("lock/force.lua")
+SEMAPHORE_FORCE: Final = Script.load("semaphore/force.lua")
+RW_FORCE: Final = Script.load("rwlock/force.lua")
 
 #: Every script, by the path of its file under ``aiolock/_lua/``.
 SCRIPTS: Final[dict[str, Script]] = {
@@ -674,6 +691,10 @@ SCRIPTS: Final[dict[str, Script]] = {
     "multi/release.lua": MULTI_RELEASE,
     "multi/fence.lua": MULTI_FENCE,
     "status/holders.lua": STATUS_HOLDERS,
+    "status/inspect.lua": STATUS_INSPECT,
+    "lock/force.lua": FORCE,
+    "semaphore/force.lua": SEMAPHORE_FORCE,
+    "rwlock/force.lua": RW_FORCE,
 }
 
 

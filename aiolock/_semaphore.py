@@ -191,6 +191,10 @@ class Semaphore(LeaseLock):
             holding is lost (reported as any loss) and the key is freed
             for the next holder.
         prefix: the key prefix.
+        identity: how others see each holding and each waiting call of this
+            semaphore (:func:`aiolock.inspect`, ``aiolock status``): a ``str``
+            of at most 256 printable characters. Default: the acquiring
+            task's ``host:pid:task-name``.
         fair: serve every ``acquire()`` strictly in call order across every
             task of every process even with one permit (with several, every
             waiting task always has an entry of its own on the server).
@@ -247,6 +251,7 @@ class Semaphore(LeaseLock):
         cancel_on_lost: bool = False,
         max_hold: float | None = None,
         prefix: str = DEFAULT_PREFIX,
+        identity: str | None = None,
         fair: bool = False,
         **refused: Never,
     ) -> None:
@@ -272,6 +277,7 @@ class Semaphore(LeaseLock):
                 cancel_on_lost=cancel_on_lost,
                 reentrant=False,
                 max_hold=max_hold,
+                identity=identity,
             ),
         )
 

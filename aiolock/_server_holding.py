@@ -210,7 +210,18 @@ class ServerHolding(ServerState):
         """Whether the key exists (asks the server)."""
         return await self.wire.exists(self.key)
 
+    async def forced_by(self, token: str) -> str | None:
+        """Who released ``token``'s holding by force, from its mark; None if not marked."""
+        return _text_or_none(await self.wire.get(self.keys.forced(token)))
+
     async def holds(self, token: str) -> bool:
         """Whether the key holds ``token`` (asks the server)."""
         value = await self.wire.get(self.key)
         return value is not None and value in (token, token.encode())
+
+
+def _text_or_none(value: object) -> str | None:
+    """A reply read as text (None stays None)."""
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -31,12 +31,14 @@ from types import TracebackType
 from typing import Any, cast
 
 import anyio
+from redis.exceptions import RedisError
 
 from ._cancel import finish, honour_cancellation
 from ._contend import Won
-from ._exceptions import LockLostError, LockNotOwnedError
+from ._exceptions import LockError, LockLostError, LockNotOwnedError
 from ._holding import Holding, Holdings, never_released
-from ._lease import Call, Lease
+from ._identity import identity_of
+from ._lease import CLEANUP_BOUND, Call, Lease
 from ._observe import EventKind, LockEvent, emit, observers
 from ._queue import hand_over
 from ._renewal import renewer_for
@@ -244,9 +246,10 @@ class Watch(Holdings):
             if holding.renewer is not None:
                 holding.renewer.reschedule(holding, soon=soon)
         if not extended:
-            self._declare_lost(holding, f"{lease.gone} at extend()")
+            why = await self._why_gone(holding.token) or lease.gone
+            self._declare_lost(holding, f"{why} at extend()")
             raise LockLostError(
-                f"lock {self._name!r} is no longer held by this holder: {lease.gone}; "
+                f"lock {self._name!r} is no longer held by this holder: {why}; "
                 "other holders' keys were left alone"
             )
         if holding.is_lost():  # declared lost while the extend was in flight
@@ -262,17 +265,61 @@ class Watch(Holdings):
             return
         self._stop_watching(holding)
         holding.pass_baton()
+        self._cancel_body(holding)
+        self._report_loss(holding, reason)
+
+    def _cancel_body(self, holding: Holding) -> None:
+        """Cancel the body of ``async with`` that holds ``holding`` (``cancel_on_lost``)."""
         if self._scopes is not None and holding.task is not None:
             for scope in self._scopes.get(holding.task, ()):
                 if scope is not None:
                     scope.cancel()
                     break
-        self._report_loss(holding, reason)
+
+    def _gone_at_renewal(self, holding: Holding) -> None:
+        """A renewal found the key no longer ours: lost at once, reported once we know why.
+
+        The holding stops being trusted now; the report (the log, the
+        observers, ``on_lost``) waits for one more read: the mark a forced
+        release leaves (``aiolock release --force``), which names the forcer.
+        A release or an exit of ``async with`` waits for that report.
+        """
+        if not holding.live:
+            return
+        reason = "the key was gone or held by another holder at renewal"
+        self._stop_watching(holding)
+        holding.pass_baton()
+        holding.lose(reason)
+        self._cancel_body(holding)
+        holding.callbacks += (asyncio.ensure_future(self._report_gone(holding, reason)),)
+
+    async def _report_gone(self, holding: Holding, reason: str) -> None:
+        forced = await self._why_gone(holding.token)
+        if forced is not None:
+            reason = holding.loss_reason = forced
+        self._tell_loss(holding, reason)
+
+    async def _why_gone(self, token: str) -> str | None:
+        """The reason "released by force by …" if a forced release marked ``token``; else None.
+
+        Asked on the loss path only, bounded; a server that fails or does not
+        answer leaves the reason as it was.
+        """
+        try:
+            async with asyncio.timeout(CLEANUP_BOUND):
+                forcer = await self._lease.forced_by(token)
+        except (RedisError, OSError, TimeoutError, LockError):
+            return None
+        return None if forcer is None else f"released by force by {forcer}"
 
     def _report_loss(self, holding: Holding, reason: str) -> None:
         """Flag ``holding`` lost, log it, tell the observers, and run ``on_lost``."""
         if not (holding.lose(reason) or holding.lost_at_release(reason)):
             return  # (reported already)
+        self._tell_loss(holding, reason)
+
+    def _tell_loss(self, holding: Holding, reason: str) -> None:
+        """Log the loss of ``holding``, tell the observers, and run ``on_lost``."""
         logger.warning("lost lock %r: %s", self._name, reason)
         self._event("lost", holding, reason=reason)
         if self._on_lost is not None:
@@ -336,6 +383,8 @@ class Watch(Holdings):
         lease = self._lease
         try:
             if holding.lost:
+                if holding.callbacks:  # (its report may be reading why it was lost)
+                    await self._settle(holding)
                 raise LockLostError(f"lock {self._name!r} was lost: {holding.loss_reason}")
             entry = holding.reserve_heir()
             if entry is not None:
@@ -354,7 +403,11 @@ class Watch(Holdings):
                 cutoff = Cutoff(holding.lease_end + GRACE, task, spare)
                 deleted = await lease.release(holding.token, cutoff)
             if not deleted:
-                self._report_loss(holding, f"{lease.gone} at release")
+                why = lease.gone
+                try:
+                    why = await self._why_gone(holding.token) or why
+                finally:
+                    self._report_loss(holding, f"{why} at release")
         finally:
             if ahead is not None:
                 ahead.give_back()  # (if no command went out on it)
@@ -369,7 +422,7 @@ class Watch(Holdings):
         if not deleted:
             raise LockLostError(
                 f"lock {self._name!r} was no longer held by this holder at release: "
-                f"{lease.gone}; other holders' keys were left alone"
+                f"{holding.loss_reason}; other holders' keys were left alone"
             )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("released lock %r", self._name)
@@ -426,13 +479,18 @@ class Watch(Holdings):
         contended: bool = False,
         reason: str | None = None,
         error: BaseException | None = None,
+        token: str | None = None,
     ) -> None:
-        """Tell the observers (see :mod:`aiolock._observe`), if there are any."""
+        """Tell the observers (see :mod:`aiolock._observe`), if there are any.
+
+        ``token`` is the call's, for an event without a holding.
+        """
         if not observers:
             return
         held = None
         fence = None
         if holding is not None:
+            token = holding.token
             fence = holding.fence
             if kind in ("released", "lost"):
                 held = time.monotonic() - holding.acquired_at
@@ -447,6 +505,7 @@ class Watch(Holdings):
                 fence=fence,
                 reason=reason,
                 error=error,
+                identity=None if token is None else identity_of(token),
             )
         )
 
@@ -458,6 +517,7 @@ class Watch(Holdings):
             waited=time.monotonic() - started,
             contended=call.contended,
             error=error,
+            token=call.token,
         )
 
     def _renewed(self, holding: Holding, error: BaseException | None) -> None:

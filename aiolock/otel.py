@@ -25,8 +25,11 @@ instrument                       kind       unit   recorded
 ===============================  =========  =====  ===========================================
 
 Every point also carries ``aiolock.lock.type`` (``AsyncLock`` or
-``Redlock``), and with ``name_attribute=True`` the lock's name as
-``aiolock.lock.name`` (off by default: one series per name can be many).
+``Redlock``), with ``name_attribute=True`` the lock's name as
+``aiolock.lock.name`` (off by default: one series per name can be many),
+and with ``identity_attribute=True`` the holder's identity as
+``aiolock.holder.identity`` (off by default: the default identity names a
+process and a task, a series each).
 Contention is the ``aiolock.contended=true`` share of acquisitions.
 """
 
@@ -58,12 +61,15 @@ class OpenTelemetryObserver:
         meter_provider: where the instruments come from; defaults to the
             global one (``opentelemetry.metrics.get_meter_provider()``).
         name_attribute: also label every point with the lock's name.
+        identity_attribute: also label every point with the holder's identity
+            (see :attr:`aiolock.LockEvent.identity`).
     """
 
     __slots__ = (
         "_acquire_duration",
         "_acquisitions",
         "_hold_duration",
+        "_identity_attribute",
         "_losses",
         "_name_attribute",
         "_renewal_failures",
@@ -71,12 +77,19 @@ class OpenTelemetryObserver:
     )
 
     def __init__(
-        self, meter_provider: MeterProvider | None = None, *, name_attribute: bool = False
+        self,
+        meter_provider: MeterProvider | None = None,
+        *,
+        name_attribute: bool = False,
+        identity_attribute: bool = False,
     ) -> None:
         from ._version import __version__
 
         if not isinstance(name_attribute, bool):
             raise TypeError(f"name_attribute must be a bool, got {name_attribute!r}")
+        if not isinstance(identity_attribute, bool):
+            raise TypeError(f"identity_attribute must be a bool, got {identity_attribute!r}")
+        self._identity_attribute = identity_attribute
         meter = metrics.get_meter(_SCOPE, __version__, meter_provider)
         self._name_attribute = name_attribute
         self._acquisitions = meter.create_counter(
@@ -109,6 +122,8 @@ class OpenTelemetryObserver:
         attributes: dict[str, Any] = {"aiolock.lock.type": type(event.lock).__name__}
         if self._name_attribute:
             attributes["aiolock.lock.name"] = event.name
+        if self._identity_attribute and event.identity is not None:
+            attributes["aiolock.holder.identity"] = event.identity
         kind = event.kind
         if kind in ("acquired", "not_acquired"):
             attributes["aiolock.outcome"] = kind
@@ -131,18 +146,24 @@ class OpenTelemetryObserver:
 
 
 def instrument(
-    meter_provider: MeterProvider | None = None, *, name_attribute: bool = False
+    meter_provider: MeterProvider | None = None,
+    *,
+    name_attribute: bool = False,
+    identity_attribute: bool = False,
 ) -> OpenTelemetryObserver:
     """Record aiolock's metrics with OpenTelemetry from now on; return the observer.
 
     Args:
         meter_provider: defaults to the global meter provider.
         name_attribute: label points with the lock's name too.
+        identity_attribute: label points with the holder's identity too.
 
     Returns:
         The registered observer; pass it to :func:`uninstrument` to stop.
     """
-    observer = OpenTelemetryObserver(meter_provider, name_attribute=name_attribute)
+    observer = OpenTelemetryObserver(
+        meter_provider, name_attribute=name_attribute, identity_attribute=identity_attribute
+    )
     add_observer(observer)
     return observer
 

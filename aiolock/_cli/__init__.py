@@ -1,4 +1,4 @@
-"""The ``aiolock`` command: ``run``, ``status``, ``leader``, ``demo`` and ``server``.
+"""The ``aiolock`` command: ``run``, ``status``, ``ls``, ``release``, ``leader``, ``demo``...
 
 ``aiolock run NAME -- CMD [ARGS...]``
     A distributed ``flock(1)`` for cron jobs: waits for the lock ``NAME``,
@@ -9,7 +9,13 @@
     ``NAME`` and runs ``CMD`` only while this candidate leads.
 ``aiolock status NAME``
     Whether the lock is held, its remaining lease and its fence
-    (:mod:`aiolock._cli._status`).
+    (:mod:`aiolock._cli._status`), and who: each holder and each waiter.
+``aiolock ls [PATTERN]``
+    The names held on the server, with their kind, holders, waiters and
+    lease (:mod:`aiolock._cli._admin`).
+``aiolock release --force NAME``
+    Free a name on purpose, whoever holds it; the next waiter gets it at
+    once (:mod:`aiolock._cli._admin`).
 ``aiolock leader NAME``
     Who leads the election ``NAME``; ``--watch`` prints every change
     (:mod:`aiolock._cli._leader`).
@@ -20,7 +26,7 @@
     (:mod:`aiolock._cli._server`).
 
 The parser is :mod:`aiolock._cli._parser`, the dispatch
-:mod:`aiolock._cli._main`. ``run``, ``status`` and ``leader`` talk to the
+:mod:`aiolock._cli._main`. Every subcommand but ``demo`` and ``server`` talks to the
 server named by ``--url``, else by ``$AIOLOCK_URL``, else
 ``redis://localhost:6379/0``
 (``--cluster`` for a Redis Cluster). A password in the URL is never printed

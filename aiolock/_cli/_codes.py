@@ -64,7 +64,7 @@ EX_NOT_FOUND: Final = 127
 EX_SIGNAL_BASE: Final = 128
 
 #: The subcommands, in the order ``aiolock --help`` lists them.
-COMMANDS: Final = ("run", "status", "leader", "demo", "server")
+COMMANDS: Final = ("run", "status", "ls", "release", "leader", "demo", "server")
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,14 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "someone leads (its identity is printed); with `--watch`, stopped by a signal "
         "(SIGINT, SIGTERM)",
     ),
+    ExitStatus("0", "EX_OK", ("ls",), "at least one held name matched (and was printed)"),
+    ExitStatus(
+        "0",
+        "EX_OK",
+        ("release",),
+        "the name was held: it was taken from its holders (printed), and given to the "
+        "next waiters if any",
+    ),
     ExitStatus("0", "EX_OK", ("demo",), "every acquisition done, no overlap"),
     ExitStatus("0", "EX_OK", ("server",), "stopped by a signal (Ctrl-C, SIGTERM)"),
     ExitStatus("N", "", ("run",), "the command's own exit status, passed through"),
@@ -126,14 +134,14 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
     ExitStatus(
         "2",
         "EX_USAGE",
-        ("run", "status", "leader", "demo"),
+        ("run", "status", "ls", "release", "leader", "demo"),
         "a malformed server URL, or a URL option that redis-py does not take or cannot "
         "use, such as `?bogus=1` or `?protocol=9` (one `aiolock:` line names it)",
     ),
     ExitStatus(
         "2",
         "EX_USAGE",
-        ("run", "status", "leader"),
+        ("run", "status", "release", "leader"),
         "a name or prefix the lock refuses (an empty name, a name that starts with `}`, "
         "a prefix that contains `{}`); one `aiolock:` line says why",
     ),
@@ -146,12 +154,26 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
         "the kind; the command did not run",
     ),
     ExitStatus(
+        "2",
+        "EX_USAGE",
+        ("release",),
+        "`--force` missing, or a `--by` that is not an identity (empty, control "
+        "characters, over 256 characters)",
+    ),
+    ExitStatus(
         "3",
         "EX_FREE",
         ("status",),
         "the lock is free (a semaphore: no permit is held; a read-write lock: nobody holds)",
     ),
     ExitStatus("3", "EX_FREE", ("leader",), "nobody leads (nothing is printed)"),
+    ExitStatus("3", "EX_FREE", ("ls",), "no held name matched (nothing is printed)"),
+    ExitStatus(
+        "3",
+        "EX_FREE",
+        ("release",),
+        "the name was not held: nothing was released (one line says so)",
+    ),
     ExitStatus(
         "69",
         "EX_UNAVAILABLE",
@@ -164,7 +186,7 @@ EXIT_STATUSES: Final[tuple[ExitStatus, ...]] = (
     ExitStatus(
         "69",
         "EX_UNAVAILABLE",
-        ("status", "leader"),
+        ("status", "ls", "release", "leader"),
         "the server could not be reached, answered with an error, or did not answer in "
         "time (`EX_UNAVAILABLE`)",
     ),

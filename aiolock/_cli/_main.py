@@ -27,6 +27,16 @@ def _quiet_logging(verbose: bool) -> None:
         library.propagate = False
 
 
+def _log_warnings() -> None:
+    """Show the library's warnings (and worse) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("aiolock: %(levelname)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    library = logging.getLogger("aiolock")
+    library.addHandler(handler)
+    library.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``aiolock`` command line; return its exit status.
 
@@ -93,6 +103,42 @@ def main(argv: Sequence[str] | None = None) -> int:
                 url=resolve_url(args.url),
                 cluster=args.cluster,
                 prefix=args.prefix,
+                json=args.json,
+            )
+        )
+    if args.command == "ls":
+        from ._admin import ListConfig, list_names
+        from ._urls import resolve_url
+
+        _quiet_logging(args.verbose)
+        return list_names(
+            ListConfig(
+                pattern=args.pattern,
+                url=resolve_url(args.url),
+                cluster=args.cluster,
+                prefix=args.prefix,
+                limit=args.limit,
+                json=args.json,
+            )
+        )
+    if args.command == "release":
+        from ._admin import ForceConfig, force
+        from ._urls import resolve_url
+
+        if not args.force:
+            found.commands["release"].error(
+                "release needs --force: it frees a name that someone else may hold"
+            )
+        _quiet_logging(args.verbose)
+        if not args.verbose:  # the act is logged on stderr either way
+            _log_warnings()
+        return force(
+            ForceConfig(
+                name=args.name,
+                url=resolve_url(args.url),
+                cluster=args.cluster,
+                prefix=args.prefix,
+                by=args.by,
                 json=args.json,
             )
         )

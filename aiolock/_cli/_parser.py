@@ -241,6 +241,57 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
     status.add_argument("name", metavar="NAME", help="the lock's name")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
+    ls = commands.add_parser(
+        "ls",
+        parents=[shared],
+        help="list the names held on the server (exit 0), or none (exit 3)",
+        description=(
+            "List the names held on the server (SCAN; on a cluster, every master) whose "
+            "name matches PATTERN (a glob: *, ?, [...]; default: every name), each with "
+            "its kind (lock, election, semaphore, rwlock), how many hold it, how many wait "
+            "in its queue and the first lease to end, sorted by name, at most --limit of "
+            "them (a line on stderr says when more match). --json prints one object per "
+            "name with the fields name, kind, holders, waiters and lease."
+        ),
+        epilog="example:\n  aiolock ls 'orders:*'\n\n" + epilog("ls"),
+        formatter_class=_Formatter,
+    )
+    ls.add_argument("pattern", metavar="PATTERN", nargs="?", default="*", help="a glob")
+    ls.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=100,
+        help="the most names shown (default: %(default)s)",
+    )
+    ls.add_argument("--json", action="store_true", help="print one JSON object per name")
+
+    release = commands.add_parser(
+        "release",
+        parents=[shared],
+        help="free a name held by someone else, on purpose (--force; exit 0, or 3 if free)",
+        description=(
+            "Free the name NAME on purpose, whoever holds it: a lock's or an election's "
+            "holder, every permit of a semaphore, a read-write lock's readers or writer. "
+            "Prints whom it took the name from; the first waiters in its queue are "
+            "granted it at once; the act is logged on stderr. Each holder's next "
+            "renewal (or release) finds the name gone and reports the loss as "
+            "'released by force by BY'. --force is required: this breaks the holder's "
+            "exclusion, and is for a holder known to be stuck."
+        ),
+        epilog="example:\n  aiolock release --force nightly-report\n\n" + epilog("release"),
+        formatter_class=_Formatter,
+    )
+    release.add_argument("name", metavar="NAME", help="the name to free")
+    release.add_argument(
+        "--force", action="store_true", help="required: free it although someone holds it"
+    )
+    release.add_argument(
+        "--by",
+        metavar="TEXT",
+        help="who forces it, as the holder will read it (default: USER@HOST:PID)",
+    )
+    release.add_argument("--json", action="store_true", help="print one JSON object")
+
     leader = commands.add_parser(
         "leader",
         parents=[shared],
@@ -296,7 +347,15 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
     )
     return Parsers(
         parser,
-        {"run": run, "status": status, "leader": leader, "demo": demo, "server": server},
+        {
+            "run": run,
+            "status": status,
+            "ls": ls,
+            "release": release,
+            "leader": leader,
+            "demo": demo,
+            "server": server,
+        },
     )
 
 

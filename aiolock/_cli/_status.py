@@ -4,7 +4,8 @@ For a lock: whether it is held, how much of its lease is left and its fence
 counter; for a semaphore's name, the permits held and when each lease ends;
 for a read-write lock's, its readers or its writer. The holders of the last
 two come from the package's own status script (``STATUS_HOLDERS``), read by
-its decoder (``decode_holders``), both in :mod:`aiolock._scripts`.
+its decoder (``decode_holders``), both in :mod:`aiolock._scripts`. Then who:
+each holder and each waiter in order, as :func:`aiolock.inspect` names them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from .._inspect import LockInfo, inspect
 from .._keys import Keys
 from .._scripts import STATUS_HOLDERS, decode_holders
 from .._types import Client
@@ -60,7 +63,11 @@ def show_status(config: StatusConfig, out: TextIO | None = None, err: TextIO | N
     (the URL without its password). A semaphore's name gives ``permits`` (a
     list of ``{"lease": seconds left}``, first ending first) instead of
     ``lease`` and ``fence``; a read-write lock's gives ``readers`` (the same
-    list) and ``writer`` (``{"lease": ...}`` or null).
+    list) and ``writer`` (``{"lease": ...}`` or null). Every object also has
+    ``holders`` (a list of ``{"identity", "acquired_at", "remaining",
+    "fence", "role"}``, as :class:`aiolock.HolderInfo`) and ``waiters`` (a
+    list of ``{"identity"}`` in the order they will be served). The
+    sentence is followed by a line per holder and one per waiter.
 
     Args:
         config: which lock, on which server, printed how.
@@ -92,6 +99,7 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
             return EX_USAGE
         try:
             pttl, raw_fence, permits = await _ask(client, keys)
+            info = await inspect(client, config.name, prefix=config.prefix)
         except SERVER_ERRORS as exc:
             print(unavailable_message(exc, config.url), file=err)
             return EX_UNAVAILABLE
@@ -100,8 +108,8 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
     if permits is not None:
         kind, holders = permits
         if kind == "semaphore":
-            return _show_permits(config, keys, [lease for _, lease in holders], out)
-        return _show_readers_and_writer(config, keys, holders, out)
+            return _show_permits(config, keys, [lease for _, lease in holders], info, out)
+        return _show_readers_and_writer(config, keys, holders, info, out)
     held = pttl != -2
     lease = pttl / 1000 if pttl >= 0 else None
     fence = _fence(raw_fence)
@@ -114,15 +122,56 @@ async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
             "lease": lease,
             "fence": fence,
             "server": redact_url(config.url),
+            **_who(info),
         }
         print(json.dumps(state), file=out)
     else:
         print(" ".join(_sentence(config.name, keys.lock, held, lease, fence)), file=out)
+        _print_who(info, out)
     return EX_OK if held else EX_FREE
 
 
+def _who(info: LockInfo | None) -> dict[str, Any]:
+    """The JSON fields ``holders`` and ``waiters``."""
+    if info is None:
+        return {"holders": [], "waiters": []}
+    return {
+        "holders": [asdict(h) for h in info.holders],
+        "waiters": [asdict(w) for w in info.waiters],
+    }
+
+
+def _since(at: float | None) -> str:
+    """When, in UTC, and how long ago."""
+    if at is None:
+        return "since an unknown time"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+    return f"since {stamp}.{int(at * 1000) % 1000:03d}Z ({max(time.time() - at, 0.0):.1f} s ago)"
+
+
+def _print_who(info: LockInfo | None, out: TextIO) -> None:
+    """A line per holder (who, since when, lease left, fence) and per waiter, in order."""
+    if info is None:
+        return
+    for holder in info.holders:
+        lease = (
+            "no expiry" if holder.remaining is None else f"lease ends in {holder.remaining:.3f} s"
+        )
+        fence = "" if holder.fence is None else f", fence {holder.fence}"
+        print(
+            f"  {holder.role} {holder.identity}, {_since(holder.acquired_at)}, {lease}{fence}",
+            file=out,
+        )
+    for place, waiter in enumerate(info.waiters, 1):
+        print(f"  waiter {place}: {waiter.identity}", file=out)
+
+
 def _show_readers_and_writer(
-    config: StatusConfig, keys: Keys, holders: list[tuple[str, float]], out: TextIO
+    config: StatusConfig,
+    keys: Keys,
+    holders: list[tuple[str, float]],
+    info: LockInfo | None,
+    out: TextIO,
 ) -> int:
     """A read-write lock's state: its readers, or its writer, and when each lease ends."""
     readers = [lease for kind, lease in holders if kind == "r"]
@@ -136,9 +185,11 @@ def _show_readers_and_writer(
             "readers": [{"lease": lease} for lease in readers],
             "writer": None if writer is None else {"lease": writer},
             "server": redact_url(config.url),
+            **_who(info),
         }
         print(json.dumps(state), file=out)
-    elif writer is not None:
+        return EX_OK if holders else EX_FREE
+    if writer is not None:
         print(
             f"read-write lock {config.name!r} is held by a writer (key {keys.lock}); "
             f"its lease ends in {writer:.3f} s",
@@ -155,10 +206,13 @@ def _show_readers_and_writer(
         )
     else:
         print(f"read-write lock {config.name!r} is free (key {keys.lock})", file=out)
+    _print_who(info, out)
     return EX_OK if holders else EX_FREE
 
 
-def _show_permits(config: StatusConfig, keys: Keys, leases: list[float], out: TextIO) -> int:
+def _show_permits(
+    config: StatusConfig, keys: Keys, leases: list[float], info: LockInfo | None, out: TextIO
+) -> int:
     """A semaphore's state: how many permits are held, and when each lease ends."""
     if config.json:
         state: dict[str, Any] = {
@@ -168,9 +222,11 @@ def _show_permits(config: StatusConfig, keys: Keys, leases: list[float], out: Te
             "held": bool(leases),
             "permits": [{"lease": lease} for lease in leases],
             "server": redact_url(config.url),
+            **_who(info),
         }
         print(json.dumps(state), file=out)
-    elif not leases:
+        return EX_OK if leases else EX_FREE
+    if not leases:
         print(f"semaphore {config.name!r} has no permit held (key {keys.lock})", file=out)
     else:
         ends = ", ".join(f"{lease:.3f} s" for lease in leases)
@@ -180,6 +236,7 @@ def _show_permits(config: StatusConfig, keys: Keys, leases: list[float], out: Te
             f"semaphore {config.name!r} has {count} held (key {keys.lock}); {theirs} in {ends}",
             file=out,
         )
+    _print_who(info, out)
     return EX_OK if leases else EX_FREE
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -240,6 +242,27 @@ async def test_events_carry_the_fence(
     ]
 
 
+async def test_events_carry_the_holder_s_identity(
+    client: redis.Redis, other_client: redis.Redis, name: str, events: list[LockEvent]
+) -> None:
+    """Each event names who holds (or tried): the identity given, else host:pid:task-name."""
+    holder = AsyncLock(other_client, name, ttl=5.0, identity="batch-7")
+    assert await holder.acquire()
+    default = AsyncLock(client, name, ttl=5.0)
+
+    async def late() -> bool:
+        return await default.acquire(blocking=False)
+
+    assert not await asyncio.create_task(late(), name="latecomer")
+    await holder.release()
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    assert [(e.kind, e.identity) for e in events if e.name == name] == [
+        ("acquired", "batch-7"),
+        ("not_acquired", f"{here}:latecomer"),
+        ("released", "batch-7"),
+    ]
+
+
 async def test_an_observer_that_raises_is_logged_and_does_not_break_locking(
     client: redis.Redis, admin: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -398,9 +421,31 @@ async def test_otel_leaves_the_lock_name_out_unless_asked(client: redis.Redis, n
     assert all(a["aiolock.lock.type"] == "AsyncLock" for a in attributes)
 
 
+async def test_otel_labels_points_with_the_identity_when_asked(
+    client: redis.Redis, name: str
+) -> None:
+    """identity_attribute=True: every point of the lock carries aiolock.holder.identity."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    observer = aiolock.otel.instrument(provider, name_attribute=True, identity_attribute=True)
+    try:
+        async with AsyncLock(client, name, ttl=5.0, identity="etl-2"):
+            pass
+    finally:
+        aiolock.otel.uninstrument(observer)
+    found = points(reader, name)
+    provider.shutdown()
+    assert found
+    assert all(
+        p.attributes["aiolock.holder.identity"] == "etl-2" for ps in found.values() for p in ps
+    )
+
+
 async def test_otel_checks_its_arguments() -> None:
     """name_attribute must be a bool; uninstrument of an unknown observer is a ValueError."""
     with pytest.raises(TypeError, match="name_attribute"):
         aiolock.otel.OpenTelemetryObserver(name_attribute="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="identity_attribute"):
+        aiolock.otel.OpenTelemetryObserver(identity_attribute=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="was not added"):
         aiolock.otel.uninstrument(aiolock.otel.OpenTelemetryObserver())

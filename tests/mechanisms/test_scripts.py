@@ -33,6 +33,8 @@ from aiolock._scripts import (
     ACQUIRE_LEAD,
     EXTEND,
     EXTEND_MANY,
+    FORCE,
+    FORCED_MARK_MS,
     HANDOVER,
     KEEP,
     KEEPER_MARK_MS,
@@ -45,6 +47,7 @@ from aiolock._scripts import (
     RW_ACQUIRE,
     RW_EXTEND,
     RW_EXTEND_MANY,
+    RW_FORCE,
     RW_INDEX_SUFFIX,
     RW_LEAVE,
     RW_RELEASE,
@@ -53,11 +56,13 @@ from aiolock._scripts import (
     SEMAPHORE_ACQUIRE,
     SEMAPHORE_EXTEND,
     SEMAPHORE_EXTEND_MANY,
+    SEMAPHORE_FORCE,
     SEMAPHORE_HANDOVER,
     SEMAPHORE_LEAVE,
     SEMAPHORE_RELEASE,
     SEMAPHORE_STATE,
     STATUS_HOLDERS,
+    STATUS_INSPECT,
     Entry,
     Script,
     decode_holders,
@@ -922,7 +927,82 @@ RW_CASES = [
     ),
 ]
 
-CASES = LOCK_CASES + SEMAPHORE_CASES + RW_CASES
+
+#: A forced release's mark: the forcer, for the holder's lease left plus FORCED_MARK_MS.
+def marked(left: int) -> Str:
+    """The mark left for a holder whose lease had ``left`` ms."""
+    return Str("ops", Between(FORCED_MARK_MS + left - 1000, FORCED_MARK_MS + left))
+
+
+FORCE_CASES = [
+    Case(
+        "force a held lock with a live waiter: granted at once, the holder's token marked",
+        FORCE,
+        "lock",
+        {"lock": Str("stuck", 5000), "queue": Lst(["w1"]), "entry:w1": entry(1500)},
+        {"forcer": "ops"},
+        ["stuck", 1500],
+        {"lock": Str("w1", Between(1, 1500)), "forced:stuck": marked(5000)},
+    ),
+    Case(
+        "force a held lock nobody waits for: deleted, marked",
+        FORCE,
+        "lock",
+        {"lock": Str("stuck", 5000)},
+        {"forcer": "ops"},
+        ["stuck", None],
+        {"forced:stuck": marked(5000)},
+    ),
+    Case(
+        "force a free lock: nothing",
+        FORCE,
+        "lock",
+        {"queue": Lst(["w1"]), "entry:w1": entry()},
+        {"forcer": "ops"},
+        [None, None],
+        {"queue": Lst(["w1"]), "entry:w1": Str("2000 1 t1", ENTRY)},
+    ),
+    Case(
+        "force a semaphore: every permit taken and marked, as many waiters granted",
+        SEMAPHORE_FORCE,
+        "semaphore",
+        {
+            "lock": Permits({"a": 5000, "b": 4000}),
+            "queue": Lst(["w1", "w2", "w3"]),
+            "entry:w1": entry(),
+            "entry:w2": entry(),
+            "entry:w3": entry(),
+        },
+        {"forcer": "ops"},
+        [["b", "a"], 2],
+        {
+            "lock": Permits({"w1": ENTRY, "w2": ENTRY}),
+            "queue": Lst(["w3"], queue_left(2000)),
+            "entry:w3": Str("2000 1 t1", ENTRY),
+            "forced:a": marked(5000),
+            "forced:b": marked(4000),
+        },
+    ),
+    Case(
+        "force a read-write lock: its readers taken and marked, the waiting writer granted",
+        RW_FORCE,
+        "rw",
+        {
+            "lock": Holders({"r1": ("r", 5000), "r2": ("r", 4000)}),
+            "queue": Lst(["w"]),
+            "entry:w": entry(letter="w"),
+        },
+        {"forcer": "ops"},
+        [["r1", "r2"], 1],
+        {
+            "lock": Holders({"w": ("w", ENTRY)}),
+            "forced:r1": marked(5000),
+            "forced:r2": marked(4000),
+        },
+    ),
+]
+
+CASES = LOCK_CASES + SEMAPHORE_CASES + RW_CASES + FORCE_CASES
 
 
 # --- running a row ------------------------------------------------------------------
@@ -951,6 +1031,8 @@ class Table:
             return keys.entry(arg)
         if what == "mark":
             return keys.mark(arg)
+        if what == "forced":
+            return keys.forced(arg)
         if what == "index":
             return keys.lock + RW_INDEX_SUFFIX
         return str(getattr(keys, what))
@@ -1085,7 +1167,7 @@ async def test_script(admin: redis.Redis, name: str, case: Case) -> None:
 def test_every_script_has_rows() -> None:
     """Each script of the package (but those over several names, tested below) has rows."""
     called = {case.script.name for case in CASES}
-    below = {"STATUS_HOLDERS", "MULTI_ACQUIRE", "MULTI_RELEASE", "MULTI_FENCE"}
+    below = {"STATUS_HOLDERS", "STATUS_INSPECT", "MULTI_ACQUIRE", "MULTI_RELEASE", "MULTI_FENCE"}
     assert {s.name for s in SCRIPTS.values()} - called == below
 
 
@@ -1109,6 +1191,51 @@ async def test_status_holders_lists_every_holder_with_its_end(
                 got
             )
             assert len(got) == len(want)
+    finally:
+        leftover = await admin.keys(f"*{name}*")
+        if leftover:
+            await admin.delete(*leftover)
+
+
+async def test_status_inspect_reads_holders_and_live_waiters_and_writes_nothing(
+    admin: redis.Redis, name: str
+) -> None:
+    """STATUS_INSPECT: the holder, its lease, the fence; live waiters in order; no write.
+
+    A dead waiter (no entry) and a kept one whose keeper's mark is gone are
+    left out, and left where they are (a release's grant drops them).
+    """
+    table = Table(admin, name, "lock")
+    sem_queue = keys_for(name, kind="semaphore").queue
+    rw_queue = keys_for(name, kind="rw").queue
+    try:
+        await table.write(
+            {
+                "lock": Str("holder", 5000),
+                "fence": Str("42"),
+                "queue": Lst(["dead", "w1", "kept", "w2"]),
+                "entry:w1": entry(),
+                "entry:kept": entry(keeper="k1"),
+                "entry:w2": entry(keeper="k2"),
+                "mark:k2": Str("1", 2000),
+            }
+        )
+        before = sorted(await admin.keys(f"*{name}*"))
+        keys, args = STATUS_INSPECT.call(
+            lock=table.key("lock"),
+            fence=table.key("fence"),
+            queue=table.key("queue"),
+            semaphore_queue=sem_queue,
+            rw_queue=rw_queue,
+            most="10",
+        )
+        _, kind, holders, waiters, fence = await admin.eval(
+            STATUS_INSPECT.text, len(keys), *keys, *args
+        )
+        assert (kind, holders[:2], fence) == ("string", ["holder", ""], "42")
+        assert 0 < int(holders[2]) <= 5000
+        assert waiters == ["1", "w1", "1", "w2"]
+        assert sorted(await admin.keys(f"*{name}*")) == before
     finally:
         leftover = await admin.keys(f"*{name}*")
         if leftover:

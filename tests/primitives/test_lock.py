@@ -38,7 +38,8 @@ from aiolock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-TOKEN = re.compile(r"[0-9a-f]{32}")
+#: 128 random bits, the mint time (ms, 12 hex digits), marks, ``:``, the identity.
+TOKEN = re.compile(r"[0-9a-f]{32}[0-9a-f]{12}[ef]*:[^ ]+")
 WORKER = Path(__file__).with_name("_test_lock_worker.py")
 
 
@@ -125,7 +126,7 @@ async def test_key_is_prefix_braced_name(
 async def test_token_is_fresh_128_bits_per_acquisition(
     client: redis.Redis, admin: redis.Redis, name: str
 ) -> None:
-    """Each acquisition stores a new 32-hex-char token, also across tasks sharing one lock."""
+    """Each acquisition stores a new token (128 fresh random bits first), also across tasks."""
     lock = AsyncLock(client, name)
     tokens: list[str] = []
     for _ in range(2):

@@ -186,7 +186,7 @@ async def test_acquires_on_all_nodes_and_releases_from_all(nodes: Nodes) -> None
     tokens = set(held.values())
     assert len(tokens) == 1
     token = tokens.pop()
-    assert re.fullmatch(r"[0-9a-f]{32}", token), token
+    assert re.fullmatch(r"[0-9a-f]{44}:[^ ]+", token), token
     for i in held:
         assert 0 < await nodes.admins[i].pttl(lock.key) <= 5000
     assert await lock.owned()

@@ -37,6 +37,7 @@ from support.checkout import ROOT
 
 from aiolock import AsyncLock
 from aiolock._cli._urls import redact_url, unavailable_message
+from aiolock._identity import encode_identity, mint
 from aiolock._keys import Keys
 from aiolock.testing import FaultProxy, LocalCluster, RedisServer, free_port
 
@@ -778,6 +779,8 @@ def test_status_of_a_free_lock_exits_3(cli: Cli, name: str, key: str) -> None:
         "lease": None,
         "fence": None,
         "server": cli.url,
+        "holders": [],
+        "waiters": [],
     }
 
 
@@ -799,8 +802,12 @@ def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
 
     text = cli("status", name)
     assert text.returncode == 0, text
-    assert text.stdout.startswith(f"lock {name!r} is held (key {key}); lease ends in ")
-    assert text.stdout.endswith(f" s; fence {fence}\n")
+    sentence, who = text.stdout.splitlines()
+    assert sentence.startswith(f"lock {name!r} is held (key {key}); lease ends in ")
+    assert sentence.endswith(f" s; fence {fence}")
+    # The holder: aiolock run itself (its default identity: host, pid, task name).
+    assert who.startswith(f"  holder {socket.gethostname()}:{job.pid}:")
+    assert who.endswith(f", fence {fence}")
 
     as_json = cli("status", "--json", name)
     assert as_json.returncode == 0, as_json
@@ -810,6 +817,13 @@ def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
     assert state["fence"] == fence
     assert 0 < state["lease"] <= 6.0
     assert state["key"] == key
+    [holder] = state["holders"]
+    assert holder["identity"].startswith(f"{socket.gethostname()}:{job.pid}:")
+    assert holder["fence"] == fence
+    assert holder["role"] == "holder"
+    assert 0 < holder["remaining"] <= 6.0
+    assert time.time() - 60 < holder["acquired_at"] <= time.time()
+    assert state["waiters"] == []
 
     os.kill(job.pid, signal.SIGTERM)
     assert job.finish().returncode == 128 + signal.SIGTERM
@@ -817,6 +831,63 @@ def test_status_of_a_held_lock_shows_the_lease_and_the_holder_s_fence(
     assert freed.returncode == 3, freed
     assert freed.stdout.endswith(f"last fence {fence}\n")
     db.delete(Keys(name).fence)
+
+
+def test_ls_lists_held_names_with_their_kind_holders_and_lease_and_filters(
+    cli: Cli, name: str, db: redis.Redis
+) -> None:
+    """`aiolock ls PATTERN`: the held names that match, sorted, --limit bounded, --json."""
+    for part in ("a", "b"):
+        db.set(Keys(f"{name}:{part}").lock, mint(encode_identity(f"job-{part}")), px=9000)
+    db.rpush(Keys(f"{name}:b").queue, "gone")  # (a companion key; a dead waiter)
+    listed = cli("ls", f"{name}:*")
+    assert listed.returncode == 0, listed
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "KIND", "HOLDERS", "WAITERS", "LEASE"]
+    assert [row.split()[:4] for row in rows] == [
+        [f"{name}:a", "lock", "1", "0"],
+        [f"{name}:b", "lock", "1", "0"],
+    ]
+    assert all(0 < float(row.split()[4]) <= 9.0 for row in rows)
+    one = cli("ls", f"{name}:[a]")
+    assert [row.split()[0] for row in one.stdout.splitlines()[1:]] == [f"{name}:a"]
+    limited = cli("ls", "--limit", "1", "--json", f"{name}:*")
+    assert limited.returncode == 0, limited
+    [row] = [json.loads(line) for line in limited.stdout.splitlines()]
+    assert row["kind"] == "lock"
+    assert row["holders"] == 1
+    assert "more names match" in limited.stderr
+    nothing = cli("ls", f"{name}:none*")
+    assert (nothing.returncode, nothing.stdout) == (3, "")
+    db.delete(Keys(f"{name}:a").lock, Keys(f"{name}:b").lock, Keys(f"{name}:b").queue)
+
+
+def test_release_force_takes_the_name_says_whom_from_and_logs_it(
+    cli: Cli, name: str, key: str, db: redis.Redis
+) -> None:
+    """`release --force`: exit 0 naming the holder, logged, marked; a free name: exit 3."""
+    token = mint(encode_identity("stuck-host:42:nightly"))
+    db.set(key, token, px=20_000)
+    refused = cli("release", name)
+    assert refused.returncode == 2, refused
+    assert "needs --force" in refused.stderr
+    assert db.get(key) == token
+    forced = cli("release", "--force", "--by", "ops on call", name)
+    assert forced.returncode == 0, forced
+    assert forced.stdout == (
+        f"released lock {name!r} by force (key {key}): taken from "
+        "stuck-host:42:nightly; nobody was waiting\n"
+    )
+    assert "WARNING" in forced.stderr
+    assert "by ops on call" in forced.stderr
+    assert db.get(key) is None
+    mark = f"{key}:forced:{token}"
+    assert db.get(mark) == "ops on call"
+    assert 20_000 < db.pttl(mark) <= 80_000
+    again = cli("release", "--force", name)
+    assert again.returncode == 3, again
+    assert again.stdout == f"lock {name!r} was not held (key {key}); nothing was released\n"
+    db.delete(mark)
 
 
 def test_status_uses_the_prefix(cli: Cli, name: str, db: redis.Redis) -> None:

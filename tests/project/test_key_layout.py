@@ -29,6 +29,7 @@ def built(kind: str) -> set[str]:
         keys.queue,
         keys.entry("<token>"),
         keys.mark("<id>"),
+        keys.forced("<token>"),
         keys.channel,
         f"{keys.channel}:<tag>",  # a process's grant channel (aiolock._notify.grant_tag)
     }

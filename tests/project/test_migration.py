@@ -993,9 +993,10 @@ async def test_redis_py_takes_a_token_aiolock_makes_a_random_one(env: Env) -> No
         assert await new.acquire()
         new_tokens.append(await value(env.admin, new.key))
         await new.release()
-    assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in new_tokens), new_tokens  # 128 bits
-    # Random: the last 48 bits differ (as a uuid1's would not) but with probability 2**-48.
-    assert new_tokens[0][-12:] != new_tokens[1][-12:]
+    # 128 random bits first, then the mint time and the holder's identity.
+    assert all(re.fullmatch(r"[0-9a-f]{44}:[^ ]+", t) for t in new_tokens), new_tokens
+    # Random: bits 80-128 differ (as a uuid1's node field would not) but with probability 2**-48.
+    assert new_tokens[0][20:32] != new_tokens[1][20:32]
 
 
 @proves("`await lock.release()`")

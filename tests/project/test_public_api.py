@@ -35,8 +35,10 @@ AIOLOCK_ALL = [
     "AcquireTimeout",
     "AsyncLock",
     "Election",
+    "HolderInfo",
     "LockError",
     "LockEvent",
+    "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
@@ -45,10 +47,12 @@ AIOLOCK_ALL = [
     "Redlock",
     "Semaphore",
     "Term",
+    "WaiterInfo",
     "__version__",
     "add_observer",
     "backoff",
     "guard",
+    "inspect",
     "remove_observer",
 ]
 

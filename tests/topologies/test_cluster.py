@@ -55,6 +55,7 @@ from support.locks import holds_on_server, keys_of
 from support.servers import calls, has, needs
 from support.timing import eventually, finish
 
+import aiolock
 from aiolock import (
     AsyncLock,
     Election,
@@ -66,6 +67,8 @@ from aiolock import (
     backoff,
 )
 from aiolock import _scripts as scripts
+from aiolock._cli._admin import held_rows
+from aiolock._inspect import force_release, held_names
 from aiolock._keys import DEFAULT_PREFIX, Keys
 from aiolock.testing import LocalCluster, RedisServer
 
@@ -1123,6 +1126,61 @@ async def test_a_semaphore_on_every_master_keeps_its_limit(
     assert dict(most) == dict.fromkeys(names, 2)
     for master in masters_of(cluster):
         assert_lock_commands_clean(master.port, await error_replies(master))
+
+
+async def test_ls_and_inspect_see_the_names_held_on_every_master(
+    cluster: LocalCluster, clients: Clients, tag: str
+) -> None:
+    """Two names held on each master: ls (SCAN on every master) lists all six, inspect names them.
+
+    A waiter queued on one of them is listed; release --force frees one on
+    any master and grants its waiter there.
+    """
+    names = spread_names(cluster, tag, 2)
+    client, other = clients(cluster), clients(cluster)
+    locks = [AsyncLock(client, name, ttl=5.0, identity=f"holder-{name}") for name in names]
+    for lock in locks:
+        assert await lock.acquire()
+    waiter = AsyncLock(other, names[-1], ttl=5.0, fair=True, identity="waiter")
+    waiting = asyncio.create_task(waiter.acquire())
+    try:
+        await eventually(
+            lambda: _waiters(client, names[-1]), "the waiter queued on the last master"
+        )
+        assert sorted([n async for n in held_names(client, f"{tag}:*")]) == sorted(names)
+        assert [n async for n in held_names(client, f"{tag}:n?x")] == []
+        rows, more = await held_rows(client, f"{tag}:*", DEFAULT_PREFIX, 6)
+        assert not more
+        assert [(r["name"], r["kind"], r["holders"], r["waiters"]) for r in rows] == sorted(
+            (name, "lock", 1, int(name == names[-1])) for name in names
+        )
+        assert (await held_rows(client, f"{tag}:*", DEFAULT_PREFIX, 5))[1]  # (more than 5)
+        for name in names:
+            info = await aiolock.inspect(client, name)
+            assert info is not None
+            assert info.holders[0].identity == f"holder-{name}"
+        done = await force_release(client, names[-1], "ops")
+        assert (done.holders, done.granted) == ([f"holder-{names[-1]}"], 1)
+        assert await asyncio.wait_for(waiting, 1.0)
+        with pytest.raises(LockLostError, match="released by force by ops"):
+            await locks[-1].release()
+        await waiter.release()
+    finally:
+        await finish(waiting)
+        for lock in locks[:-1]:
+            await lock.release()
+        for master in masters_of(cluster):  # (the forced release's mark, kept by design)
+            admin = direct(master)
+            try:
+                for key in [k async for k in admin.scan_iter(match=f"*{tag}*:forced:*")]:
+                    await admin.delete(key)
+            finally:
+                await admin.aclose()
+
+
+async def _waiters(client: RedisCluster, name: str) -> bool:
+    info = await aiolock.inspect(client, name)
+    return info is not None and len(info.waiters) == 1
 
 
 async def test_an_election_on_every_master_hands_over_and_is_observed(
