@@ -247,7 +247,7 @@ def parsers(command_after_dashes: bool = False) -> Parsers:
         help="list the names held on the server (exit 0), or none (exit 3)",
         description=(
             "List the names held on the server (SCAN; on a cluster, every master) whose "
-            "name matches PATTERN (a glob: *, ?, [...]; default: every name), each with "
+            "name matches PATTERN (a glob, as SCAN MATCH reads it; default: every name), each with "
             "its kind (lock, election, semaphore, rwlock), how many hold it, how many wait "
             "in its queue and the first lease to end, sorted by name, at most --limit of "
             "them (a line on stderr says when more match). --json prints one object per "
