@@ -31,6 +31,7 @@ from support.leaks import other_tasks
 from support.timing import eventually
 
 from aiolock import LockEvent
+from aiolock._lease import CLEANUP_BOUND
 from aiolock._multi_lease import MultiLease
 from aiolock._quorum import QuorumLease
 from aiolock._scripts import EXTEND_MANY
@@ -159,6 +160,12 @@ async def test_a_member_lost_while_the_others_renew(
         return is_lost(victim)
 
     await eventually(declared, "the loss to be declared", timeout=TTL + SLACK)
+
+    async def told() -> bool:
+        return lost == [victim]
+
+    # (Told once one read says whether a forced release took it: within that read's bound.)
+    await eventually(told, "on_lost called for the victim alone", timeout=CLEANUP_BOUND + SLACK)
     assert lost == [victim]
     (event,) = [e for e in events if e.kind == "lost"]
     assert event.lock is victim
