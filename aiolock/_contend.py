@@ -315,48 +315,7 @@ async def _contend(
                 if timer is not None and not isinstance(step, _JUDGING_WIN):
                     timer.cancel()  # (a win keeps it for the holding)
                     timer = None
-                match step:
-                    case Cancelled(undo=undo):
-                        if undo:
-                            await lease.undo(call.token, call)
-                        await honour_cancellation(task, baseline)
-                        # (Here only if the cancellation was taken back meanwhile.)
-                        seen = seen._replace(cancelled=False)
-                    case UndoLateWin():
-                        # Not a lock: take it back (as the call's cleanup if it is ending).
-                        call.unanswered = now - sent
-                        ending = deadline is not None and now >= deadline
-                        await lease.undo(call.token, call if ending else None)
-                        seen = seen._replace(
-                            reply=None, no_connection=call.waiting and not call.reached
-                        )
-                    case Subscribe():
-                        # (Queued: only a lease that queues puts the caller in the queue.)
-                        if queueing is not None:
-                            subscription = await queueing.subscribe(generation)
-                        # What decide says of the same attempt, notifications now known.
-                        assert reply is not None  # noqa: S101 - Subscribe answers a reply
-                        live = subscription is not None and subscription.live
-                        step = subscribed(reply[1], live)
-                        continue
-                    case GiveUp():
-                        return None
-                    case RaiseNoConnection():
-                        raise RedisTimeoutError(
-                            f"lock {lease.name!r}: no connection of the client's pool came "
-                            f"free within {call.unanswered:.2g} s (other commands of the "
-                            "client hold them all); not acquired, and nothing was sent"
-                        )
-                    case RaiseUnanswered(error=error):
-                        raise error or RedisTimeoutError(
-                            f"lock {lease.name!r}: the server did not answer within "
-                            f"{call.unanswered:.2g} s; not acquired, and whether anyone "
-                            "holds it is not known"
-                        )
-                    case RaiseLate(error=error):
-                        raise error from None
-                    case RetryNow():
-                        break
+                match step:  # (the steps of a waiter's hot path first)
                     case WaitInQueue(pttl=pttl):
                         # In the queue, told of our grant: wait for it, refreshing our entry.
                         assert subscription is not None  # noqa: S101 - notifications are live
@@ -377,6 +336,15 @@ async def _contend(
                             won = granted
                             return won
                         break
+                    case Subscribe():
+                        # (Queued: only a lease that queues puts the caller in the queue.)
+                        if queueing is not None:
+                            subscription = await queueing.subscribe(generation)
+                        # What decide says of the same attempt, notifications now known.
+                        assert reply is not None  # noqa: S101 - Subscribe answers a reply
+                        live = subscription is not None and subscription.live
+                        step = subscribed(reply[1], live)
+                        continue
                     case Poll(pttl=pttl):
                         if pacing is None:
                             pacing = Pacing(policy.delays())
@@ -386,6 +354,38 @@ async def _contend(
                         queued = queueing if call.queued else None
                         await _pause(queued, task, subscription, delay, baseline, call, sent)
                         break
+                    case RetryNow():
+                        break
+                    case Cancelled(undo=undo):
+                        if undo:
+                            await lease.undo(call.token, call)
+                        await honour_cancellation(task, baseline)
+                        # (Here only if the cancellation was taken back meanwhile.)
+                        seen = seen._replace(cancelled=False)
+                    case UndoLateWin():
+                        # Not a lock: take it back (as the call's cleanup if it is ending).
+                        call.unanswered = now - sent
+                        ending = deadline is not None and now >= deadline
+                        await lease.undo(call.token, call if ending else None)
+                        seen = seen._replace(
+                            reply=None, no_connection=call.waiting and not call.reached
+                        )
+                    case GiveUp():
+                        return None
+                    case RaiseNoConnection():
+                        raise RedisTimeoutError(
+                            f"lock {lease.name!r}: no connection of the client's pool came "
+                            f"free within {call.unanswered:.2g} s (other commands of the "
+                            "client hold them all); not acquired, and nothing was sent"
+                        )
+                    case RaiseUnanswered(error=error):
+                        raise error or RedisTimeoutError(
+                            f"lock {lease.name!r}: the server did not answer within "
+                            f"{call.unanswered:.2g} s; not acquired, and whether anyone "
+                            "holds it is not known"
+                        )
+                    case RaiseLate(error=error):
+                        raise error from None
                     case _:
                         assert_never(step)
                 step = decide(seen)

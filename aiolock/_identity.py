@@ -29,8 +29,9 @@ from typing import Final
 from urllib.parse import quote, unquote
 
 __all__ = [
+    "DEFAULTS",
+    "DEFAULTS_MOST",
     "IDENTITY_MOST",
-    "LAST_DEFAULT",
     "UNKNOWN",
     "check_identity",
     "default_encoded",
@@ -95,18 +96,19 @@ def encode_identity(identity: str) -> str:
 
 #: The default identity's ``host:pid:`` part, encoded: made once per process (see _forked).
 _host_pid: str | None = None
-#: The last task name seen by :func:`default_encoded`, and its encoded identity: one
-#: task acquiring again and again builds nothing (the engine reads it inline: a hit
-#: costs no call); a cache per name would keep a string per task of a server that runs
-#: one task per request.
-LAST_DEFAULT: Final[list[str | None]] = [None, ""]
+#: The encoded default identity per task name (the engine reads it inline: a hit costs
+#: no call). Tasks taking turns on a lock find theirs made; a server that names a task
+#: per request would grow it, so it starts afresh at DEFAULTS_MOST names.
+DEFAULTS: Final[dict[str, str]] = {}
+#: How many task names :data:`DEFAULTS` remembers.
+DEFAULTS_MOST: Final = 1024
 
 
 def _forked() -> None:
     """A child process has another pid: forget what was made with the parent's."""
     global _host_pid
     _host_pid = None
-    LAST_DEFAULT[0] = None
+    DEFAULTS.clear()
 
 
 if hasattr(os, "register_at_fork"):  # (not on Windows)
@@ -117,13 +119,13 @@ def default_encoded(task: asyncio.Task[object] | None) -> str:
     """The default identity (:func:`default_identity`) of ``task``, encoded.
 
     The ``host:pid:`` part is made once per process, the whole once per
-    task name in a row.
+    task name (of the latest :data:`DEFAULTS_MOST`).
     """
     global _host_pid
     name = task.get_name() if task is not None else "-"
-    last = LAST_DEFAULT
-    if name == last[0]:
-        return last[1] or ""
+    encoded = DEFAULTS.get(name)
+    if encoded is not None:
+        return encoded
     head = _host_pid
     if head is None:
         head = _host_pid = encode_identity(f"{socket.gethostname()}:{os.getpid()}:")
@@ -131,8 +133,9 @@ def default_encoded(task: asyncio.Task[object] | None) -> str:
         encoded = head + encode_identity(name)
     else:
         encoded = encode_identity(default_identity(task))
-    last[0] = name
-    last[1] = encoded
+    if len(DEFAULTS) >= DEFAULTS_MOST:
+        DEFAULTS.clear()
+    DEFAULTS[name] = encoded
     return encoded
 
 

@@ -27,7 +27,7 @@ The library, the CLI, the tests and the benchmarks all take names from here.
 
 from __future__ import annotations
 
-from typing import Final, final
+from typing import TYPE_CHECKING, Final, final
 
 __all__ = ["DEFAULT_PREFIX", "QUEUES", "Keys", "keys_for"]
 
@@ -52,7 +52,12 @@ class Keys:
             companions would then fall into other cluster slots.
     """
 
-    __slots__ = ("_channel", "_fence", "lock", "queue")
+    __slots__ = ("channel", "fence", "lock", "queue")
+
+    #: The fencing counter: ``<lock>:fence``.
+    fence: str
+    #: The release and grant channel: ``<lock>:released``.
+    channel: str
 
     def __init__(
         self, name: str, prefix: str = DEFAULT_PREFIX, *, tagged: bool = True, kind: str = "lock"
@@ -80,26 +85,21 @@ class Keys:
         #: The queue of waiters between processes: ``<lock>:queue`` (and the kind's
         #: suffix), a list of tokens.
         self.queue: Final = f"{lock}:queue{QUEUES[kind]}"
-        # The fence's and the channel's, made at their first need: a lock that is only
-        # taken and held (thousands of them) never needs them.
-        self._fence: str | None = None
-        self._channel: str | None = None
+        # (The fence's and the channel's names are made at their first read, by
+        # __getattr__: a lock that is only taken and held, thousands of them, never
+        # needs them; once made, reading one is reading a slot.)
 
-    @property
-    def fence(self) -> str:
-        """The fencing counter: ``<lock>:fence``."""
-        fence = self._fence
-        if fence is None:
-            fence = self._fence = f"{self.lock}:fence"
-        return fence
+    if not TYPE_CHECKING:  # (for the type checker, a Keys has no other attribute)
 
-    @property
-    def channel(self) -> str:
-        """The release channel: ``<lock>:released``."""
-        channel = self._channel
-        if channel is None:
-            channel = self._channel = f"{self.lock}:released"
-        return channel
+        def __getattr__(self, attr: str) -> str:
+            """Make the fence's or the channel's name at its first read (slots left unset)."""
+            if attr == "fence":
+                self.fence = value = f"{self.lock}:fence"
+            elif attr == "channel":
+                self.channel = value = f"{self.lock}:released"
+            else:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+            return value
 
     def entry(self, token: str) -> str:
         """The entry of the waiter with ``token``: ``<queue>:<token>``, alive while it exists.

@@ -29,7 +29,7 @@ from ._checks import UNSET, Unset, check_timeout, refuse_redis_py_extend
 from ._contend import obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
 from ._holding import current_task
-from ._identity import LAST_DEFAULT, default_encoded, encode_identity
+from ._identity import DEFAULTS, default_encoded, encode_identity
 from ._lease import Call, Lease
 from ._observe import observers
 from ._options import Options
@@ -267,10 +267,9 @@ class LeaseLock(Watch):
         tail = self._tail
         if ":" in tail:  # an identity given
             call = Call(head + tail)
-        elif task.get_name() is LAST_DEFAULT[0]:  # (the last task to acquire: made already)
-            call = Call(f"{head}{tail}:{LAST_DEFAULT[1]}")
-        else:
-            call = Call(f"{head}{tail}:{default_encoded(task)}")
+        else:  # the task's default, made at its first acquisition
+            encoded = DEFAULTS.get(task.get_name()) or default_encoded(task)
+            call = Call(f"{head}{tail}:{encoded}")
         call.renews = self._auto_renew
         try:
             won = await obtain(

@@ -338,18 +338,8 @@ class ServerLease(ServerHolding, ServerQueueing):
         """
         if type(heir) is not ServerLease or self._replicas or heir._replicas:
             return None
-        keys, args = HANDOVER.call(
-            lock=heir.keys.lock,
-            queue=heir.keys.queue,
-            fence=heir.keys.fence,
-            token=token,
-            heir=heir_token,
-            heir_ms=heir._ms,
-            channel=self.keys.channel,
-            sharded=self._sharded,
-            may_yield="1" if may_yield else "0",
-            heir_fencing="1" if heir.fencing else "0",
-        )
+        # (The heir waits in the same local queue: its keys are this lease's.)
+        keys, args = heir._inheriting().lead(token, heir_token, "1" if may_yield else "0")
         reply = await self._hand_over_once(HANDOVER, keys, args)
         if reply[0] == 2:
             self._contended_until = time.monotonic() + CONTENDED_HINT

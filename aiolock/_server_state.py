@@ -21,6 +21,7 @@ from ._scripts import (
     ACQUIRE,
     EXTEND,
     EXTEND_MANY,
+    HANDOVER,
     KEEPER_MARK_MS,
     LEAVE,
     RELEASE,
@@ -52,6 +53,7 @@ class ServerState:
         "_contended_until",
         "_entry_ms",
         "_fair",
+        "_heir",
         "_leave",
         "_letter",
         "_listeners",
@@ -145,6 +147,7 @@ class ServerState:
         self._acquire: Bound | None = None
         self._release: Bound | None = None
         self._leave: Bound | None = None
+        self._heir: Bound | None = None
 
     def _named(self) -> dict[str, Any]:
         """The values of the names the kind's scripts share (the keys, ``sharded``, ...)."""
@@ -181,6 +184,19 @@ class ServerState:
         if leave is None:
             leave = self._leave = self._LEAVE.bind(**self._named())
         return leave
+
+    def _inheriting(self) -> Bound:
+        """The lock's hand-over script to this lease as the heir's, its names bound.
+
+        Its own lease and fencing are the heir's; what is left to give, in
+        order, is the releaser's token, the heir's token and ``may_yield``.
+        """
+        heir = self._heir
+        if heir is None:
+            fencing = "1" if self.fencing else "0"
+            named = self._named()
+            heir = self._heir = HANDOVER.bind(**named, heir_ms=self._ms, heir_fencing=fencing)
+        return heir
 
     def check_ttl(self, value: object, name: str = "ttl") -> float:
         """Check a lease: a finite number of seconds, at least 1 ms."""

@@ -10,7 +10,8 @@ loss, whoever finds it (the renewer, ``extend()``, ``release()``, the lease
 end), goes through :meth:`Watch._declare_lost`: the holding stops being
 renewed, the next local waiter gets its turn, the body of ``async with`` is
 cancelled (``cancel_on_lost=True``), and the loss is logged, told to the
-observers and to ``on_lost``. :meth:`Watch._release` ends a holding: the
+observers and to ``on_lost`` (by its base, :class:`~aiolock._report.Reporter`).
+:meth:`Watch._release` ends a holding: the
 key is deleted, or handed to the next local waiter
 (:func:`~aiolock._queue.hand_over`).
 
@@ -22,28 +23,20 @@ while it holds is collected, and its holdings are reported never released
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 import weakref
-from collections.abc import Callable
-from types import TracebackType
-from typing import Any, cast
-
-import anyio
-from redis.exceptions import RedisError
+from typing import Any
 
 from ._cancel import finish, honour_cancellation
 from ._contend import Won
-from ._exceptions import LockError, LockLostError, LockNotOwnedError
-from ._holding import Holding, Holdings, never_released
-from ._identity import identity_of
-from ._lease import CLEANUP_BOUND, Call, Lease
-from ._observe import EventKind, LockEvent, emit, observers
+from ._exceptions import LockLostError, LockNotOwnedError
+from ._holding import Holding, never_released
+from ._observe import observers
 from ._queue import hand_over
 from ._renewal import renewer_for
+from ._report import Reporter
 from ._timers import GRACE, Cutoff, call_at
-from ._types import Primitive
 from ._wire import slot_ahead
 
 __all__ = ["Watch"]
@@ -65,26 +58,13 @@ def _lease_due(lock: weakref.ref[Watch], holding: Holding) -> None:
         owner._lease_over(holding)
 
 
-class Watch(Holdings):
+class Watch(Reporter):
     """The holdings of a lock object from the grant to their end (see the module)."""
 
-    __slots__ = (
-        "__weakref__",
-        "_auto_renew",
-        "_lease",
-        "_max_hold",
-        "_name",
-        "_on_lost",
-        "_scopes",
-    )
+    __slots__ = ("__weakref__", "_auto_renew", "_max_hold")
 
-    _name: str
-    _lease: Lease
     _auto_renew: bool
     _max_hold: float | None
-    _on_lost: Callable[[Any], object] | None
-    #: The cancel scopes of ``async with`` bodies, per task (``cancel_on_lost`` only).
-    _scopes: dict[asyncio.Task[Any], list[anyio.CancelScope | None]] | None
 
     # -- a new holding -----------------------------------------------------------------
 
@@ -268,14 +248,6 @@ class Watch(Holdings):
         self._cancel_body(holding)
         self._report_loss(holding, reason)
 
-    def _cancel_body(self, holding: Holding) -> None:
-        """Cancel the body of ``async with`` that holds ``holding`` (``cancel_on_lost``)."""
-        if self._scopes is not None and holding.task is not None:
-            for scope in self._scopes.get(holding.task, ()):
-                if scope is not None:
-                    scope.cancel()
-                    break
-
     def _gone_at_renewal(self, holding: Holding) -> None:
         """A renewal found the key no longer ours: lost at once, reported once we know why.
 
@@ -298,44 +270,6 @@ class Watch(Holdings):
         if forced is not None:
             reason = holding.loss_reason = forced
         self._tell_loss(holding, reason)
-
-    async def _why_gone(self, token: str) -> str | None:
-        """The reason "released by force by …" if a forced release marked ``token``; else None.
-
-        Asked on the loss path only, bounded; a server that fails or does not
-        answer leaves the reason as it was.
-        """
-        try:
-            async with asyncio.timeout(CLEANUP_BOUND):
-                forcer = await self._lease.forced_by(token)
-        except (RedisError, OSError, TimeoutError, LockError):
-            return None
-        return None if forcer is None else f"released by force by {forcer}"
-
-    def _report_loss(self, holding: Holding, reason: str) -> None:
-        """Flag ``holding`` lost, log it, tell the observers, and run ``on_lost``."""
-        if not (holding.lose(reason) or holding.lost_at_release(reason)):
-            return  # (reported already)
-        self._tell_loss(holding, reason)
-
-    def _tell_loss(self, holding: Holding, reason: str) -> None:
-        """Log the loss of ``holding``, tell the observers, and run ``on_lost``."""
-        logger.warning("lost lock %r: %s", self._name, reason)
-        self._event("lost", holding, reason=reason)
-        if self._on_lost is not None:
-            try:
-                result = self._on_lost(self)
-            except Exception:
-                logger.exception("on_lost callback of lock %r raised", self._name)
-            else:
-                if inspect.isawaitable(result):
-                    holding.callbacks += (asyncio.ensure_future(self._run_callback(result)),)
-
-    async def _run_callback(self, awaitable: Any) -> None:
-        try:
-            await awaitable
-        except Exception:
-            logger.exception("on_lost callback of lock %r raised", self._name)
 
     # -- its end -----------------------------------------------------------------------
 
@@ -439,90 +373,3 @@ class Watch(Holdings):
         holding.callbacks = ()
         if pending:
             await finish(pending)  # shielded: a cancelled release must not return before them
-
-    # -- the body of `async with` (cancel_on_lost) -------------------------------------
-
-    def _enter_scope(self, task: asyncio.Task[Any], holding: Holding) -> None:
-        """Open the cancel scope of ``task``'s body (its outermost holding only)."""
-        if self._scopes is None:
-            return
-        scope: anyio.CancelScope | None = None
-        if holding.depth == 1:
-            scope = anyio.CancelScope()
-            scope.__enter__()
-        self._scopes.setdefault(task, []).append(scope)
-
-    def _exit_scope(
-        self,
-        task: asyncio.Task[Any],
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        """Close ``task``'s innermost body scope: whether it swallowed a loss's cancellation."""
-        if self._scopes is None:
-            return False
-        stack = self._scopes.get(task)
-        scope = stack.pop() if stack else None
-        if stack is not None and not stack:
-            del self._scopes[task]
-        return scope is not None and bool(scope.__exit__(exc_type, exc, tb))
-
-    # -- observers ---------------------------------------------------------------------
-
-    def _event(
-        self,
-        kind: EventKind,
-        holding: Holding | None,
-        *,
-        waited: float | None = None,
-        contended: bool = False,
-        reason: str | None = None,
-        error: BaseException | None = None,
-        token: str | None = None,
-    ) -> None:
-        """Tell the observers (see :mod:`aiolock._observe`), if there are any.
-
-        ``token`` is the call's, for an event without a holding.
-        """
-        if not observers:
-            return
-        held = None
-        fence = None
-        if holding is not None:
-            token = holding.token
-            fence = holding.fence
-            if kind in ("released", "lost"):
-                held = time.monotonic() - holding.acquired_at
-        emit(
-            LockEvent(
-                kind,
-                cast("Primitive", self),  # (a LeaseLock: the only class built on this one)
-                self._name,
-                waited=waited,
-                contended=contended,
-                held=held,
-                fence=fence,
-                reason=reason,
-                error=error,
-                identity=None if token is None else identity_of(token),
-            )
-        )
-
-    def _gave_up(self, started: float, call: Call, error: BaseException | None) -> None:
-        """Report an ``acquire()`` that did not get the lock: it returned False, or raised."""
-        self._event(
-            "not_acquired",
-            None,
-            waited=time.monotonic() - started,
-            contended=call.contended,
-            error=error,
-            token=call.token,
-        )
-
-    def _renewed(self, holding: Holding, error: BaseException | None) -> None:
-        """The watchdog's report of one renewal: done (None) or failed (the error)."""
-        if error is None:
-            self._event("renewed", holding)
-        else:
-            self._event("renewal_failed", holding, error=error)

@@ -1,6 +1,6 @@
 """Compare aiolock at a git revision with the working tree's, in one run.
 
-``python -m benchmarks.compare --base REV [--bench contention,handoff,redlock,scale]
+``python -m benchmarks.compare --base REV [--bench contention,handoff,redlock,scale,instructions]
 [--rounds N] [--quick]`` exports the ``aiolock`` package of revision ``REV``
 (default ``HEAD``) into a temporary directory (``git archive REV aiolock``),
 then runs each chosen benchmark ``N`` times against each copy of aiolock,
@@ -22,7 +22,12 @@ to ``benchmarks/results/``), from which the headline figures are read:
 * scale: per N held, losses, errors, server and client CPU, bytes per lock and
   commands/s; per waiters run, acquisitions/s, errors and what waiting costs the
   server; per number of holders, the server's CPU of one acquire + release;
-* every benchmark: its overlaps (two holders at once; must be 0).
+* instructions: the client's instructions per W1 cycle (aiolock, and redis-py's
+  ``Lock`` as the control) and per round of two hand-offs, counted by callgrind
+  (needs valgrind): a count does not drift with the machine's load, so one
+  round settles a difference a time cannot;
+* every benchmark (that holds locks concurrently): its overlaps (two holders at
+  once; must be 0).
 
 The table gives, per figure, the median of the base runs, the median of the
 new runs and new/base, and which way is better. The temporary directory is
@@ -67,7 +72,7 @@ MODULE: Final = "benchmarks.compare"
 #: The repository whose working tree is compared (the one holding this package).
 ROOT: Final = Path(__file__).resolve().parent.parent
 #: The benchmarks that can be compared, in the order they run.
-BENCHES: Final = ("contention", "handoff", "redlock", "seckill", "scale")
+BENCHES: Final = ("contention", "handoff", "redlock", "seckill", "scale", "instructions")
 #: The longest one run may take, by benchmark (full size; ``--quick`` runs get 180 s).
 RUN_TIMEOUT: Final = {
     "contention": 900.0,
@@ -75,8 +80,11 @@ RUN_TIMEOUT: Final = {
     "redlock": 600.0,
     "seckill": 900.0,
     "scale": 1200.0,
+    "instructions": 1200.0,
 }
+#: The same with ``--quick``: 180 s, but for the benchmarks named here.
 QUICK_RUN_TIMEOUT: Final = 180.0
+QUICK_RUN_TIMEOUTS: Final = {"instructions": 600.0}
 #: What each run executes: report the aiolock it imported, then run the benchmark.
 _CHILD: Final = """\
 import importlib, sys
@@ -370,6 +378,24 @@ def seckill_figures(data: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def instructions_figures(data: dict[str, Any]) -> list[Figure]:
+    """Client instructions per unit of each workload (redis-py's: the control); W1's ratio."""
+    figures = [
+        Figure(
+            f"{row['workload']} instructions/{row['unit']}",
+            _num(row["per_unit"]),
+            "Ir",
+            "lower",
+            "redis-py" in row["workload"],
+        )
+        for row in data.get("rows", [])
+    ]
+    ratio = data.get("ratios", {}).get("aiolock_w1_vs_redispy")
+    if ratio is not None:
+        figures.append(Figure("W1 aiolock / redis-py Lock", _num(ratio), "x", "lower"))
+    return figures
+
+
 def scale_figures(data: dict[str, Any]) -> list[Figure]:
     """Held: losses, CPU, memory and calls per N; waiters: rates, errors; cost per holders."""
     figures: list[Figure] = []
@@ -403,6 +429,7 @@ FIGURES: Final[dict[str, Callable[[dict[str, Any]], list[Figure]]]] = {
     "redlock": redlock_figures,
     "seckill": seckill_figures,
     "scale": scale_figures,
+    "instructions": instructions_figures,
 }
 
 
@@ -456,6 +483,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.3f}x"
     if unit == "/s":
         return f"{value:,.0f}/s"
+    if unit == "Ir":
+        return f"{value:,.0f}"
     return f"{value:.0f}" if value == int(value) else f"{value:.2f}"
 
 
@@ -617,7 +646,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         out_of_time = True
                         break
                     limit = args.run_timeout or (
-                        QUICK_RUN_TIMEOUT if args.quick else RUN_TIMEOUT[bench]
+                        QUICK_RUN_TIMEOUTS.get(bench, QUICK_RUN_TIMEOUT)
+                        if args.quick
+                        else RUN_TIMEOUT[bench]
                     )
                     run = run_one(
                         bench,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,33 @@ def test_compare_runs_w1_against_head(tmp_path: Path) -> None:
     figures = {figure["figure"]: figure for figure in data["figures"]}
     for name in ("W1 reused: aiolock / floor", "W1 fresh: aiolock fresh / floor"):
         assert len(figures[name]["base"]) == len(figures[name]["new"]) == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_the_instructions_benchmark_counts_a_workload_by_difference(tmp_path: Path) -> None:
+    """benchmarks.instructions counts W1's client instructions per cycle, by difference.
+
+    (One workload: each run under valgrind starts an interpreter for about 20 s.)
+    """
+    run_module(
+        "instructions",
+        *("benchmarks.instructions", "--quick", "--workload", "W1 aiolock"),
+        *("--out", str(tmp_path)),
+        timeout=170,
+    )
+    data = json.loads((tmp_path / "instructions.json").read_text())
+    (row,) = data["rows"]
+    assert row["workload"] == "W1 aiolock"
+    assert row["large"] > row["small"]
+    assert row["large_total"] > row["small_total"]
+    # An acquire and a release cost the client hundreds of thousands of instructions
+    # (about 540k on uvloop here); the start of the interpreter (above a billion) cancels.
+    assert 100_000 < row["per_unit"] < 5_000_000, row
+    assert row["per_unit"] == pytest.approx(
+        (row["large_total"] - row["small_total"]) / (row["large"] - row["small"])
+    )
+    assert data["ratios"] == {}  # (no baseline counted)
 
 
 @pytest.mark.timeout(120)
@@ -202,6 +230,7 @@ def test_python_m_benchmarks_exits_nonzero_when_one_misses_a_target(
         *(f"benchmarks.{name}" for name in ("family", "waiting", "scale", "soak", "compare")),
         "benchmarks.multi",
         "benchmarks.failover",
+        "benchmarks.instructions",
     ],
 )
 def test_every_benchmark_still_answers_help(module: str) -> None:

@@ -52,7 +52,7 @@ def test_an_older_token_reads_as_no_time_no_marks() -> None:
 
 
 async def test_the_default_is_each_task_s_own_name_even_when_tasks_alternate() -> None:
-    """The one-entry cache never gives a task another task's name."""
+    """The cache per task name never gives a task another task's name."""
 
     async def named() -> str:
         return default_encoded(asyncio.current_task())
@@ -62,14 +62,25 @@ async def test_the_default_is_each_task_s_own_name_even_when_tasks_alternate() -
     assert default_encoded(None) == encode_identity(f"{HERE}-")
 
 
+async def test_the_cache_of_defaults_is_bounded() -> None:
+    """A task name per request does not grow the cache past DEFAULTS_MOST names."""
+
+    async def named() -> str:
+        return default_encoded(asyncio.current_task())
+
+    for n in range(_identity.DEFAULTS_MOST + 10):
+        assert await asyncio.create_task(named(), name=f"req-{n}") == f"{HERE}req-{n}"
+        assert len(_identity.DEFAULTS) <= _identity.DEFAULTS_MOST
+    assert len(_identity.DEFAULTS) < _identity.DEFAULTS_MOST
+
+
 def test_a_forked_child_makes_its_default_again() -> None:
-    """After a fork the host:pid part and the cached identity are forgotten."""
+    """After a fork the host:pid part and the cached identities are forgotten."""
     default_encoded(None)
-    last: list[str | None] = _identity.LAST_DEFAULT
-    assert last[0] == "-"
+    assert "-" in _identity.DEFAULTS
     _identity._forked()
     assert _identity._host_pid is None
-    assert [last[0]] == [None]
+    assert not _identity.DEFAULTS
     assert default_encoded(None) == encode_identity(f"{HERE}-")
 
 

@@ -5,11 +5,11 @@
 -- KEYS[3] fence: the fencing counter
 -- ARGV[1] token: the releasing holder's token
 -- ARGV[2] heir: the next holder's token
--- ARGV[3] heir_ms: the next holder's lease in milliseconds
+-- ARGV[3] may_yield: '1' if the lock should go to the queue's first live waiter, if
+--     there is one
 -- ARGV[4] channel: the lock's channel
 -- ARGV[5] sharded: '1' on a cluster (sharded pub/sub)
--- ARGV[6] may_yield: '1' if the lock should go to the queue's first live waiter, if
---     there is one
+-- ARGV[6] heir_ms: the next holder's lease in milliseconds
 -- ARGV[7] heir_fencing: '1' if the next holder fences
 -- return {0, 0} if the key was not the releaser's (nothing is touched); {2, ms} if it
 --     went to the queue's first live waiter instead (may_yield; ms: its lease);
@@ -33,13 +33,13 @@ end
 if holder ~= ARGV[1] then
     return {0, 0}
 end
-if ARGV[6] == '1' then
+if ARGV[3] == '1' then
     local granted = grant_next(ARGV[4], ARGV[5])
     if granted then
         return {2, granted}
     end
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[6])
 if ARGV[7] == '1' then
     return {1, next_fence(KEYS[3])}
 end
