@@ -4,15 +4,14 @@ Each primitive keeps its own keyword signature (its documentation lists
 them), checks what is its own (the client, the name, ``ttl``, its lease's
 options), builds its lease, and then passes these ten to :meth:`Options.of`,
 which checks them in one place, in the same order for every primitive, and
-returns the frozen object the engine (:class:`~aiolock._leaselock.LeaseLock`)
+returns the immutable object the engine (:class:`~aiolock._leaselock.LeaseLock`)
 reads. A ``ReadWriteLock`` checks them once for both of its sides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import Any, Final, NamedTuple
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_callback, check_max_hold, check_timeout
@@ -24,10 +23,8 @@ __all__ = ["Options"]
 DEFAULT_BACKOFF: Final = _backoff.exponential()
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class Options:
-    """The shared options of a primitive, checked.
+class Options(NamedTuple):
+    """The shared options of a primitive, checked (a named tuple: immutable, made in one call).
 
     Attributes:
         ttl: the lease asked of the server, in seconds (checked by the primitive).

@@ -169,6 +169,8 @@ class Watch(Reporter):
     def __del__(self) -> None:
         """Nobody can release this lock's holdings any more: say so, and stop renewing them."""
         try:
+            if self._current is None and not self._detached and not self._by_task:
+                return  # (the common case: nothing held)
             holdings = self._every_holding()
         except AttributeError:  # made only in part (its __init__ raised)
             return

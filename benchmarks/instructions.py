@@ -5,6 +5,8 @@ against a private server on loopback, on the chosen event loop:
 
 * ``W1 aiolock``: one ``AsyncLock`` reused, ``acquire(timeout=5)`` then
   ``release()``, uncontended;
+* ``W1 aiolock fresh``: the same with a new ``AsyncLock`` for each cycle, as
+  a web handler makes one;
 * ``W1 redis-py``: redis-py's ``Lock`` reused the same way
   (``blocking_timeout=5``): the baseline;
 * ``hand-off aiolock``: two clients in one process, each with an
@@ -52,6 +54,7 @@ BENCHMARK: Final = Benchmark("instructions", __doc__.split("\n")[0])
 #: (full size, then ``--quick``).
 WORKLOADS: Final = {
     "W1 aiolock": ("cycle", (200, 1200), (100, 400)),
+    "W1 aiolock fresh": ("cycle", (200, 1200), (100, 400)),
     "W1 redis-py": ("cycle", (200, 1200), (100, 400)),
     "hand-off aiolock": ("round", (100, 600), (50, 200)),
 }
@@ -95,6 +98,21 @@ async def _w1_aiolock(url: str, count: int) -> None:
         await client.aclose()
 
 
+async def _w1_aiolock_fresh(url: str, count: int) -> None:
+    from redis.asyncio import Redis
+
+    from aiolock import AsyncLock
+
+    client = Redis.from_url(url)
+    try:
+        for _ in range(count):
+            lock = AsyncLock(client, "bench:instructions:w1-fresh", ttl=10.0)
+            await lock.acquire(timeout=5.0)
+            await lock.release()
+    finally:
+        await client.aclose()
+
+
 async def _w1_redis_py(url: str, count: int) -> None:
     from redis.asyncio import Redis
 
@@ -130,6 +148,7 @@ async def _handoff_aiolock(url: str, count: int) -> None:
 
 _CHILDREN: Final = {
     "W1 aiolock": _w1_aiolock,
+    "W1 aiolock fresh": _w1_aiolock_fresh,
     "W1 redis-py": _w1_redis_py,
     "hand-off aiolock": _handoff_aiolock,
 }
