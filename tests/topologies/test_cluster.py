@@ -1406,7 +1406,14 @@ async def test_a_multilock_waiting_across_slots_holds_none_of_its_names(
     await single.acquire()
     waiting = asyncio.create_task(multi.acquire(timeout=10.0))
     try:
-        await asyncio.sleep(0.1)  # its first attempt took the others and gave them back
+        await asyncio.sleep(0.1)  # its first attempt went out: it takes the others ...
+
+        async def given_back() -> bool:
+            return await _multi_keys_left(cluster, names) == [last]
+
+        # ... and gives them back (on a loaded machine, later than 0.1 s); then, until its
+        # next attempt (0.5 s on), it holds none of them.
+        await eventually(given_back, "the first attempt to give the other names back", 3.0)
         for _ in range(5):
             assert await _multi_keys_left(cluster, names) == [last]
             await asyncio.sleep(0.02)
