@@ -24,9 +24,9 @@ from .._identity import check_identity
 from .._inspect import force_release, held_names, inspect
 from .._keys import Keys
 from .._types import Client
-from ._client import SERVER_ERRORS, close, connect
-from ._codes import EX_FREE, EX_OK, EX_UNAVAILABLE, EX_USAGE
-from ._urls import DEFAULT_URL, bad_url_message, redact_url, unavailable_message
+from ._client import Answered, asking
+from ._codes import EX_FREE, EX_OK, EX_USAGE
+from ._urls import DEFAULT_URL, redact_url
 
 __all__ = ["ForceConfig", "ListConfig", "default_forcer", "force", "held_rows", "list_names"]
 
@@ -71,18 +71,10 @@ def list_names(config: ListConfig, out: TextIO | None = None, err: TextIO | None
 
 async def _list(config: ListConfig, out: TextIO, err: TextIO) -> int:
     try:
-        client = connect(config.url, config.cluster)
-    except ValueError as exc:
-        print(bad_url_message(exc, config.url), file=err)
-        return EX_USAGE
-    try:
-        try:
+        async with asking(config.url, config.cluster, err) as client:
             rows, more = await held_rows(client, config.pattern, config.prefix, config.limit)
-        except SERVER_ERRORS as exc:
-            print(unavailable_message(exc, config.url), file=err)
-            return EX_UNAVAILABLE
-    finally:
-        await close(client)
+    except Answered as answered:
+        return answered.status
     if config.json:
         for row in rows:
             print(json.dumps(row), file=out)
@@ -187,18 +179,10 @@ async def _force(config: ForceConfig, out: TextIO, err: TextIO) -> int:
         print(f"aiolock: {exc}", file=err)
         return EX_USAGE
     try:
-        client = connect(config.url, config.cluster)
-    except ValueError as exc:
-        print(bad_url_message(exc, config.url), file=err)
-        return EX_USAGE
-    try:
-        try:
+        async with asking(config.url, config.cluster, err) as client:
             done = await force_release(client, config.name, forcer, prefix=config.prefix)
-        except SERVER_ERRORS as exc:
-            print(unavailable_message(exc, config.url), file=err)
-            return EX_UNAVAILABLE
-    finally:
-        await close(client)
+    except Answered as answered:
+        return answered.status
     if done.kind is None:
         sentence = f"lock {config.name!r} was not held (key {keys.lock}); nothing was released"
     else:

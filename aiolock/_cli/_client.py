@@ -1,23 +1,28 @@
-"""The client of ``aiolock run`` and ``aiolock status``: made from a URL, closed, its errors.
+"""The client of the subcommands: made from a URL, closed, its errors.
 
 redis-py checks most of a URL's options only when it first connects;
 :func:`connect` checks them before anything is sent, so that a bad option
 is a usage error (exit status 2) that names it, not a server error.
+:func:`asking` is what ``status``, ``ls``, ``release --force`` and
+``leader`` share: the client for their questions, the message and exit
+status for a bad URL or a server that cannot be asked, and the close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Final
+from collections.abc import AsyncIterator
+from typing import Final, TextIO
 
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from .._types import Client
-from ._urls import option_problem
+from ._codes import EX_UNAVAILABLE, EX_USAGE
+from ._urls import bad_url_message, option_problem, unavailable_message
 
-__all__ = ["SERVER_ERRORS", "check_url", "close", "connect"]
+__all__ = ["SERVER_ERRORS", "Answered", "asking", "check_url", "close", "connect"]
 
 #: What the server or the client may raise: redis-py's errors, the cluster
 #: client's own (not a ``RedisError``), and the socket's.
@@ -72,3 +77,36 @@ async def close(client: Client) -> None:
         await asyncio.gather(*pending, return_exceptions=True)
     with contextlib.suppress(*SERVER_ERRORS):
         await client.aclose()
+
+
+class Answered(Exception):
+    """A subcommand has its answer, an exit status, and has printed why: return it."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        #: The exit status.
+        self.status = status
+
+
+@contextlib.asynccontextmanager
+async def asking(url: str, cluster: bool, err: TextIO) -> AsyncIterator[Client]:
+    """A client of ``url`` for the block's questions to the server, closed when it ends.
+
+    Raises:
+        Answered: ``EX_USAGE`` for a bad URL (nothing was sent), or
+            ``EX_UNAVAILABLE`` when the server failed or could not be reached
+            while the block ran; the message naming the URL (without its
+            password) is printed to ``err`` first.
+    """
+    try:
+        client = connect(url, cluster)
+    except ValueError as exc:
+        print(bad_url_message(exc, url), file=err)
+        raise Answered(EX_USAGE) from None
+    try:
+        yield client
+    except SERVER_ERRORS as exc:
+        print(unavailable_message(exc, url), file=err)
+        raise Answered(EX_UNAVAILABLE) from None
+    finally:
+        await close(client)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Final, TextIO
 
 from .._election import Election
-from ._client import SERVER_ERRORS, close, connect
-from ._codes import EX_FREE, EX_OK, EX_UNAVAILABLE, EX_USAGE
-from ._urls import DEFAULT_URL, bad_url_message, unavailable_message
+from ._client import Answered, asking
+from ._codes import EX_FREE, EX_OK, EX_USAGE
+from ._urls import DEFAULT_URL
 
 __all__ = ["VACANT", "LeaderConfig", "show_leader"]
 
@@ -61,26 +61,18 @@ def show_leader(config: LeaderConfig, out: TextIO | None = None, err: TextIO | N
 
 async def _leader(config: LeaderConfig, out: TextIO, err: TextIO) -> int:
     try:
-        client = connect(config.url, config.cluster)
-    except ValueError as exc:
-        print(bad_url_message(exc, config.url), file=err)
-        return EX_USAGE
-    try:
-        try:
-            election = Election(client, config.name, prefix=config.prefix)
-        except (TypeError, ValueError) as exc:
-            print(f"aiolock: {exc}", file=err)
-            return EX_USAGE
-        try:
+        async with asking(config.url, config.cluster, err) as client:
+            try:
+                election = Election(client, config.name, prefix=config.prefix)
+            except (TypeError, ValueError) as exc:
+                print(f"aiolock: {exc}", file=err)
+                return EX_USAGE
             if config.watch:
                 await _watch(election, out)
                 return EX_OK
             leader = await election.leader()
-        except SERVER_ERRORS as exc:
-            print(unavailable_message(exc, config.url), file=err)
-            return EX_UNAVAILABLE
-    finally:
-        await close(client)
+    except Answered as answered:
+        return answered.status
     if leader is None:
         return EX_FREE
     print(leader, file=out, flush=True)

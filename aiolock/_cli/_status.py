@@ -23,9 +23,9 @@ from .._keys import Keys
 from .._scripts import STATUS_HOLDERS, decode_holders
 from .._types import Client
 from .._wire import Wire
-from ._client import SERVER_ERRORS, close, connect
-from ._codes import EX_FREE, EX_OK, EX_UNAVAILABLE, EX_USAGE
-from ._urls import DEFAULT_URL, bad_url_message, redact_url, unavailable_message
+from ._client import Answered, asking
+from ._codes import EX_FREE, EX_OK, EX_USAGE
+from ._urls import DEFAULT_URL, redact_url
 
 __all__ = ["StatusConfig", "show_status"]
 
@@ -84,27 +84,16 @@ def show_status(config: StatusConfig, out: TextIO | None = None, err: TextIO | N
 
 async def _status(config: StatusConfig, out: TextIO, err: TextIO) -> int:
     try:
-        client = connect(config.url, config.cluster)
-    except ValueError as exc:
-        print(
-            bad_url_message(exc, config.url),
-            file=err,
-        )
-        return EX_USAGE
-    try:
-        try:
-            keys = Keys(config.name, config.prefix)
-        except (TypeError, ValueError) as exc:
-            print(f"aiolock: {exc}", file=err)
-            return EX_USAGE
-        try:
+        async with asking(config.url, config.cluster, err) as client:
+            try:
+                keys = Keys(config.name, config.prefix)
+            except (TypeError, ValueError) as exc:
+                print(f"aiolock: {exc}", file=err)
+                return EX_USAGE
             pttl, raw_fence, permits = await _ask(client, keys)
             info = await inspect(client, config.name, prefix=config.prefix)
-        except SERVER_ERRORS as exc:
-            print(unavailable_message(exc, config.url), file=err)
-            return EX_UNAVAILABLE
-    finally:
-        await close(client)
+    except Answered as answered:
+        return answered.status
     if permits is not None:
         kind, holders = permits
         if kind == "semaphore":

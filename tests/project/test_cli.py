@@ -935,12 +935,15 @@ def test_error_messages_are_scrubbed_of_the_password() -> None:
 
 
 def test_an_unreachable_server_exits_69_with_one_line_and_no_password(cli: Cli) -> None:
-    """Nobody listening: run, status and demo exit 69 with one line and no password, either way."""
+    """Nobody listening: every subcommand that asks exits 69, one line, no password, either way."""
     url = f"redis://user:secret@127.0.0.1:{free_port()}/0"
     cases = [
         ("run", "NAME", "--", "true"),
         ("status", "NAME"),
         ("demo", "--processes", "1", "--coroutines", "1", "--rounds", "1"),
+        ("ls",),
+        ("release", "--force", "NAME"),
+        ("leader", "NAME"),
     ]
     jobs = [
         *(cli.start(args[0], "--url", url, *args[1:]) for args in cases),
@@ -993,6 +996,9 @@ def test_a_bad_url_option_exits_2_naming_it_without_a_traceback(
             ("run", "--cluster", "--url", url, name, "--", "true"),
             ("status", "--cluster", "--url", url, name),
             ("demo", "--url", url, "--processes", "1", "--coroutines", "1", "--rounds", "1"),
+            ("ls", "--url", url),
+            ("release", "--force", "--url", url, name),
+            ("leader", "--url", url, name),
         ]
     ]
     for url, option, job in jobs:
