@@ -37,7 +37,7 @@ from . import backoff as _backoff
 from ._cancel import finish
 from ._checks import check_client, check_ttl
 from ._exceptions import LockLostError
-from ._holding import current_task
+from ._holding import no_task
 from ._identity import UNKNOWN, check_identity, default_identity, identity_of
 from ._keys import DEFAULT_PREFIX, keys_for
 from ._leaselock import LeaseLock
@@ -289,7 +289,7 @@ class Election:
     @asynccontextmanager
     async def _lead(self) -> AsyncIterator[Term]:
         lock = self._lock
-        task = current_task()
+        task = asyncio.current_task() or no_task()
         await self._campaign()
         holding = lock._by_task[task]
         # The loss's scope first (cancel_on_lost), then the term's own (resign()).

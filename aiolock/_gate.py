@@ -43,12 +43,8 @@ class Gate:
         self._urgent: deque[asyncio.Future[None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def enter(self, urgent: bool = False) -> None:
-        """Take a slot, waiting in line for one; ``urgent`` goes to the head of the line.
-
-        Renewals are urgent: each has a lease end to meet, and must not wait
-        behind a crowd of attempts (nor behind renewals that came after it).
-        """
+    def take(self) -> bool:
+        """Take a slot if one is free and nobody waits for one: whether it did (no wait)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
@@ -57,8 +53,18 @@ class Gate:
             self._waiters = deque()
         if self._free > 0 and not self._waiters and not self._urgent:
             self._free -= 1
+            return True
+        return False
+
+    async def enter(self, urgent: bool = False) -> None:
+        """Take a slot, waiting in line for one; ``urgent`` goes to the head of the line.
+
+        Renewals are urgent: each has a lease end to meet, and must not wait
+        behind a crowd of attempts (nor behind renewals that came after it).
+        """
+        if self.take():
             return
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         line = self._urgent if urgent else self._waiters
         line.append(future)
         try:
@@ -75,6 +81,9 @@ class Gate:
 
     def leave(self) -> None:
         """Give the slot back: to the first in line, if any (the urgent line first)."""
+        if not self._urgent and not self._waiters:
+            self._free += 1
+            return
         for line in (self._urgent, self._waiters):
             while line:
                 future = line.popleft()

@@ -42,9 +42,8 @@ import math
 import threading
 import warnings
 import weakref
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, NoReturn, Protocol, final
 
-from ._checks import shared
 from ._lease import Lease
 from ._queue import Entry, LocalQueue
 from ._timers import Timer
@@ -56,8 +55,8 @@ __all__ = [
     "Renewing",
     "State",
     "Watcher",
-    "current_task",
     "never_released",
+    "no_task",
 ]
 
 logger = logging.getLogger("aiolock")
@@ -171,7 +170,7 @@ class Holding:
         self.lease = lease  # renewed through it
         self.token = token
         self.queue = queue  # the local queue whose baton it holds
-        self.thread = shared(threading.get_ident())  # the thread whose event loop it belongs to
+        self.thread = queue.thread  # the thread whose event loop it belongs to
         # The task that acquired; None once it has ended (the holding is detached, and
         # keeps nothing of it: a done task holds its coroutine, context and result).
         self.task: asyncio.Task[Any] | None = task
@@ -304,22 +303,12 @@ class Holding:
         return f"it was held for max_hold={cap:g} s, the cap of one holding"
 
 
-def current_task(hint: Holding | None = None) -> asyncio.Task[Any]:
-    """The running task (aiolock is used from inside tasks only).
+def no_task() -> NoReturn:
+    """Raise: aiolock is used from inside asyncio tasks only.
 
-    With a holding at hand (``hint``) made in this thread, the task is
-    looked up in the holding's loop, so the running loop need not be asked
-    for first. If that loop is not running (a second ``asyncio.run``),
-    or the holding belongs to another thread, the running loop is asked.
+    Callers write ``asyncio.current_task() or no_task()``.
     """
-    if hint is not None and hint.thread == threading.get_ident():
-        task = asyncio.current_task(hint.loop)
-        if task is not None:
-            return task
-    task = asyncio.current_task()
-    if task is None:  # pragma: no cover - only outside a task, which asyncio forbids anyway
-        raise RuntimeError("aiolock must be used from inside an asyncio task")
-    return task
+    raise RuntimeError("aiolock must be used from inside an asyncio task")
 
 
 class Holdings:

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from ._checks import UNSET, Unset, check_timeout, refuse_redis_py_extend
 from ._contend import obtain
 from ._exceptions import AcquireTimeout, LockError, LockLostError, LockNotOwnedError
-from ._holding import current_task
+from ._holding import no_task
 from ._identity import DEFAULTS, default_encoded, encode_identity
 from ._lease import Call, Lease
 from ._observe import observers
@@ -79,24 +79,25 @@ class LeaseLock(Watch):
         super().__init__()
         self._name = lease.name
         self._lease = lease
-        self._ttl = options.ttl
-        self._timeout = options.timeout
-        self._blocking = options.blocking
-        self._backoff = options.backoff
-        self._auto_renew = options.auto_renew
-        self._on_lost = options.on_lost
-        self._cancel_on_lost = options.cancel_on_lost
-        self._reentrant = options.reentrant
-        self._max_hold = options.max_hold
-        self._scopes = {} if options.cancel_on_lost else None
+        (
+            self._ttl,
+            self._timeout,
+            self._blocking,
+            self._backoff,
+            self._auto_renew,
+            self._on_lost,
+            self._cancel_on_lost,
+            self._reentrant,
+            self._max_hold,
+            identity,
+        ) = options
+        self._scopes = {} if self._cancel_on_lost else None
         # What follows the random bits and the time in each token (see acquire): the
         # marks, then ':' and the identity given, encoded; the marks alone (no ':') for
         # the default identity, which is the acquiring task's. (One slot: a held lock
         # costs its bytes.)
         marks = self._MARKS + ("f" if lease.fencing else "")
-        self._tail = (
-            marks if options.identity is None else f"{marks}:{encode_identity(options.identity)}"
-        )
+        self._tail = marks if identity is None else f"{marks}:{encode_identity(identity)}"
 
     # -- read-only facts ---------------------------------------------------------------
 
@@ -235,7 +236,7 @@ class LeaseLock(Watch):
             if not blocking:
                 raise ValueError("timeout cannot be given with blocking=False")
             wait = check_timeout(timeout)
-        task = current_task(self._last)
+        task = asyncio.current_task() or no_task()
         if self._detached:
             self._latest_detached()  # (forgets those of a closed loop, with a warning)
         mine = self._by_task.get(task)
@@ -312,7 +313,7 @@ class LeaseLock(Watch):
             redis.exceptions.RedisError: the server failed, or did not answer
                 before the lease ended; the key expires with its lease.
         """
-        await self._release(current_task(self._last))
+        await self._release(asyncio.current_task() or no_task())
 
     async def extend(
         self, *additional_time: Never, ttl: float | None = None, **redis_py: Never
@@ -414,7 +415,7 @@ class LeaseLock(Watch):
                 else f"lock {self._name!r} is held by someone else (blocking=False)"
             )
         if self._scopes is not None:
-            task = current_task()
+            task = asyncio.current_task() or no_task()
             self._enter_scope(task, self._by_task[task])
         return self
 
@@ -424,7 +425,7 @@ class LeaseLock(Watch):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task = current_task(self._last)
+        task = asyncio.current_task() or no_task()
         # (Only a lock that cancels bodies on a loss has scopes to close.)
         cancelled_by_loss = self._scopes is not None and self._exit_scope(task, exc_type, exc, tb)
         if cancelled_by_loss:

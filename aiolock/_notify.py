@@ -67,12 +67,12 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 import anyio.lowlevel
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError, ResponseError, SlotNotCoveredError
 
 from ._channel import Channel, State, Subscription
+from ._types import is_cluster
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -112,7 +112,7 @@ def _unknown_command(exc: Exception) -> bool:
 
 def _connection_for(client: Client, channel: str) -> tuple[str, Any, dict[str, Any]]:
     """Return ``(listener id, connection class, kwargs)`` for ``channel`` on ``client``."""
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         node = client.get_node_from_key(channel)
         if node is None:
             raise LookupError(f"no cluster node serves {channel!r} yet")
@@ -504,7 +504,7 @@ def listeners_of(client: Client) -> dict[str, _Listener]:
         return _listeners[client]
     except KeyError:
         pass
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         home: dict[str, _Listener] = {}
     else:
         pool = client.connection_pool
@@ -518,7 +518,7 @@ def listeners_of(client: Client) -> dict[str, _Listener]:
 
 def _listener(client: Client, channel: str) -> _Listener:
     home = listeners_of(client)
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         node = client.get_node_from_key(channel)
         if node is None:
             raise LookupError(f"no cluster node serves {channel!r} yet")
@@ -529,7 +529,7 @@ def _listener(client: Client, channel: str) -> _Listener:
     if listener is None or listener.loop is not loop:
         # (A listener of another event loop, one that ended, is of no use here.)
         label, connection_class, kwargs = _connection_for(client, channel)
-        sharded = isinstance(client, RedisCluster)
+        sharded = is_cluster(client)
         listener = home[label] = _Listener(label, connection_class, kwargs, sharded)
     return listener
 

@@ -87,15 +87,18 @@ class Options(NamedTuple):
         policy = DEFAULT_BACKOFF if backoff is None else _backoff._coerce(backoff)
         if on_lost is not None:
             check_callback("on_lost", on_lost)
-        return cls(
-            ttl,
-            checked_timeout,
-            blocking,
-            policy,
-            auto_renew,
-            on_lost,
-            cancel_on_lost,
-            reentrant,
-            check_max_hold(max_hold, ttl),
-            None if identity is None else check_identity(identity),
+        return tuple.__new__(
+            cls,
+            (
+                ttl,
+                checked_timeout,
+                blocking,
+                policy,
+                auto_renew,
+                on_lost,
+                cancel_on_lost,
+                reentrant,
+                check_max_hold(max_hold, ttl),
+                None if identity is None else check_identity(identity),
+            ),
         )

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import os
+import threading
 import time
 import weakref
 from collections import deque
@@ -154,6 +155,7 @@ class LocalQueue:
         "pid",
         "reserved",
         "run_started",
+        "thread",
     )
 
     def __init__(
@@ -165,6 +167,8 @@ class LocalQueue:
         self.loop = loop
         #: The process that made it (a forked child starts with its own).
         self.pid = shared(os.getpid())
+        #: The thread whose event loop it belongs to (it is made there).
+        self.thread = shared(threading.get_ident())
         # The baton holder: a task, or the holding of one that ended while it held.
         self.owner: object | None = None
         self.holder: object | None = None  # the baton holder, once it holds the lock

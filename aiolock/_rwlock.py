@@ -13,6 +13,7 @@ readers that come after it wait behind it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, Never, final
 
@@ -21,7 +22,7 @@ from redis.asyncio import Redis
 from . import backoff as _backoff
 from ._checks import UNSET, Unset, check_bool, check_client, check_refused, check_ttl
 from ._exceptions import LockError
-from ._holding import current_task
+from ._holding import no_task
 from ._keys import DEFAULT_PREFIX, Keys, keys_for
 from ._leaselock import LeaseLock
 from ._options import Options
@@ -174,7 +175,7 @@ class RWSide(LeaseLock):
         """
         other = self._other
         if other is not None and other._by_task:
-            task = current_task(other._last)
+            task = asyncio.current_task() or no_task()
             if task in other._by_task:
                 raise LockError(
                     f"read-write lock {self._name!r}: this task holds its {other.kind} side; "

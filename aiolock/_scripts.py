@@ -473,7 +473,7 @@ class Bound:
     a call only fills in the names it gives.
     """
 
-    __slots__ = ("_args", "_keys", "_plan", "_values", "script")
+    __slots__ = ("_after", "_args", "_before", "_keys", "_plan", "_values", "script")
 
     def __init__(self, plan: Plan, fixed: dict[str, Any]) -> None:
         #: The script.
@@ -487,6 +487,14 @@ class Bound:
         # The keys when every one is bound; the arguments with the bound ones in place.
         self._keys = tuple(values[i] for _, i in plan.key_plan) if plan.every_key else None
         self._args = tuple(values[v] if known else None for known, v in plan.arg_plan)
+        # The bound arguments before and after the one only() gives, or after the ones
+        # lead() gives (when one argument is left and it is the first, both agree).
+        if plan.only_at is not None:
+            self._before = self._args[: plan.only_at]
+            self._after = self._args[plan.only_at + 1 :]
+        else:
+            self._before = ()
+            self._after = self._args[plan.lead :] if plan.lead is not None else ()
 
     def call(self, **values: Any) -> Call:
         """The ``KEYS`` and ``ARGV`` of one call: the fixed values and ``values``.
@@ -531,8 +539,7 @@ class Bound:
                 f"{self.script.name}: only() needs every key bound and one argument left; "
                 f"left: {sorted(self._plan.needed)}"
             )
-        args = self._args
-        return keys, (*args[:at], value, *args[at + 1 :])
+        return keys, (*self._before, value, *self._after)
 
     def lead(self, *values: Any) -> Call:
         """:meth:`call` where the arguments left are the first ones: ``values`` are they, in order.
@@ -552,7 +559,7 @@ class Bound:
                 f"{lead} arguments given in order, got {len(values)}; "
                 f"left: {[name for _, name in self._plan.arg_fill]}"
             )
-        return keys, (*values, *self._args[lead:])
+        return keys, (*values, *self._after)
 
     def _refuse(self, values: dict[str, Any]) -> NoReturn:
         fixed = self._plan.fixed

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, Self, cast
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from redis.exceptions import ClusterError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -339,7 +339,8 @@ class ServerLease(ServerHolding, ServerQueueing):
         if type(heir) is not ServerLease or self._replicas or heir._replicas:
             return None
         # (The heir waits in the same local queue: its keys are this lease's.)
-        keys, args = heir._inheriting().lead(token, heir_token, "1" if may_yield else "0")
+        bound = heir._heir or heir._inheriting()
+        keys, args = bound.lead(token, heir_token, "1" if may_yield else "0")
         reply = await self._hand_over_once(HANDOVER, keys, args)
         if reply[0] == 2:
             self._contended_until = time.monotonic() + CONTENDED_HINT
@@ -397,7 +398,7 @@ def server_lease(
     if name.__class__ is not str or prefix.__class__ is not str:
         keys_for(name, prefix)  # raises; a str subclass passes, and is looked up below
     options = (name, prefix, ttl, notify, fencing, replicas, replica_timeout, replica_fsync, fair)
-    lease = cast("ServerLease | None", site.leases.get(options))
+    lease: ServerLease | None = site.leases.get(options)
     if lease is None:
         keys = keys_for(name, prefix)
         if len(site.leases) >= REMEMBERED:

@@ -16,7 +16,6 @@ from typing import Any, Final, final
 
 from . import _notify
 from ._keeper import Keeper
-from ._lease import Lease
 from ._queue import queues_of
 from ._types import Client
 from ._wire import Wire
@@ -39,7 +38,8 @@ class Site:
         self.listeners = _notify.listeners_of(client)
         #: Leases by their options: a lease holds no state of its own, so the locks a
         #: handler makes per request with the same options share one.
-        self.leases: dict[tuple[Any, ...], Lease] = {}
+        #: (The one-server lease's: typed where it is made, which this layer does not see.)
+        self.leases: dict[tuple[Any, ...], Any] = {}
         #: The client's queued waiters, per queue (see :mod:`aiolock._keeper`).
         self.keepers: dict[str, Keeper] = {}
 

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from redis.asyncio import Redis, RedisCluster
 
-__all__ = ["Client", "Primitive"]
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+__all__ = ["Client", "Primitive", "is_cluster"]
 
 #: A client aiolock can lock through: ``redis.asyncio.Redis`` (Sentinel's
 #: ``master_for()`` returns one) or ``redis.asyncio.RedisCluster``.
 Client: TypeAlias = "Redis | RedisCluster"
+
+#: Whether a client class is a cluster client, per class (see :func:`is_cluster`).
+_CLUSTER_CLASSES: dict[type, bool] = {}
+
+
+def is_cluster(client: object) -> TypeIs[RedisCluster]:
+    """Whether ``client`` is a ``RedisCluster`` (or a subclass's instance).
+
+    Answered once per class: redis-py's client classes derive from a
+    ``typing.Protocol``, whose ``isinstance`` runs Python code at every call.
+    """
+    kind = client.__class__
+    known = _CLUSTER_CLASSES.get(kind)
+    if known is None:
+        known = _CLUSTER_CLASSES[kind] = isinstance(client, RedisCluster)
+    return known
 
 
 class Primitive(Protocol):

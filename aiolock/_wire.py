@@ -209,9 +209,13 @@ def _closed_by_peer(conn: Any) -> bool:
     if reader is None:
         return False
     try:
-        return bool(reader.at_eof() or reader.exception() is not None)
-    except Exception:  # pragma: no cover - a reader of another make
-        return False
+        # asyncio's StreamReader: at_eof() and exception(), read without their calls.
+        return reader._exception is not None or bool(reader._eof and not reader._buffer)
+    except AttributeError:  # pragma: no cover - a reader of another make
+        try:
+            return bool(reader.at_eof() or reader.exception() is not None)
+        except Exception:
+            return False
 
 
 def _exhausted(exc: BaseException) -> bool:
@@ -243,6 +247,7 @@ class Wire:
         "_direct",
         "_gate",
         "_pool_args",
+        "_redis",
         "_rttvar",
         "_srtt",
         "allowance",
@@ -258,7 +263,9 @@ class Wire:
         self.translating = Translating(self.cluster)
         #: Commands go out on the pool's connections, sent by the wire itself.
         self._direct = not self.cluster and not getattr(client, "single_connection_client", False)
-        self._pool_args = _pool_args(cast(Redis, client).connection_pool) if self._direct else ()
+        #: The client as a plain one, for the direct path (only used where it is one).
+        self._redis = cast(Redis, client)
+        self._pool_args = _pool_args(self._redis.connection_pool) if self._direct else ()
         #: aiolock's share of the client's pool: its commands beyond it wait in the process.
         self._gate = Gate(slots_of(client))
         self._srtt = 0.0  # smoothed round trip, seconds
@@ -351,7 +358,7 @@ class Wire:
                 and ahead.task is asyncio.current_task()
             ):
                 ahead.used = True  # this command goes out on the slot taken ahead
-            else:
+            elif not self._gate.take():
                 if trace is not None:
                     trace.waiting = True
                 await self._gate.enter(urgent)
@@ -383,7 +390,7 @@ class Wire:
 
     async def _send_direct(self, args: tuple[Any, ...], once: bool, trace: Trace | None) -> Any:
         """Send on a connection of the client's pool, under the connection's retry policy."""
-        client = cast(Redis, self.client)
+        client = self._redis
         pool = client.connection_pool
         # The pool hands out a connected connection: a failure here sent nothing. A pool
         # that has none free (the application's commands took them) is waited for: the

@@ -23,7 +23,8 @@ to ``benchmarks/results/``), from which the headline figures are read:
   commands/s; per waiters run, acquisitions/s, errors and what waiting costs the
   server; per number of holders, the server's CPU of one acquire + release;
 * instructions: the client's instructions per W1 cycle (aiolock, and redis-py's
-  ``Lock`` as the control) and per round of two hand-offs, counted by callgrind
+  ``Lock`` as the control), per round of two hand-offs and per acquisition
+  handed over between tasks of one process, counted by callgrind
   (needs valgrind): a count does not drift with the machine's load, so one
   round settles a difference a time cannot;
 * every benchmark (that holds locks concurrently): its overlaps (two holders at

@@ -12,12 +12,18 @@ against a private server on loopback, on the chosen event loop:
 * ``hand-off aiolock``: two clients in one process, each with an
   ``AsyncLock`` on one name, taking turns with ``async with`` (one yield
   inside): every acquisition waits in the queue on the server for the
-  other's release and is granted the lock.
+  other's release and is granted the lock;
+* ``local hand-over aiolock``: ten tasks of one client, each with an
+  ``AsyncLock`` on one name, taking turns with ``async with`` (one yield
+  inside): a releaser hands the lock to the next task of its process (the
+  path of W3 and W4, whose tasks mostly wait behind others of their
+  process).
 
 Each workload runs twice, a small and a large number of times, and the
 figure is the difference of the two totals over the difference of the
 numbers: the interpreter's start, the imports and the connections cancel
-out. Reported: instructions per cycle (W1) and per round of two hand-offs,
+out. Reported: instructions per cycle (W1), per round of two hand-offs,
+per acquisition (local hand-over),
 and aiolock's W1 over redis-py's. The server's instructions are not
 counted. No target is judged: the figures are for comparisons
 (``python -m benchmarks.compare --bench instructions``), where a count,
@@ -57,7 +63,10 @@ WORKLOADS: Final = {
     "W1 aiolock fresh": ("cycle", (200, 1200), (100, 400)),
     "W1 redis-py": ("cycle", (200, 1200), (100, 400)),
     "hand-off aiolock": ("round", (100, 600), (50, 200)),
+    "local hand-over aiolock": ("acquisition", (500, 3000), (200, 800)),
 }
+#: The tasks taking turns in ``local hand-over aiolock``.
+LOCAL_TASKS: Final = 10
 #: The longest one child may take under valgrind, in seconds.
 CHILD_TIMEOUT: Final = 600.0
 _COLLECTED: Final = re.compile(r"Collected : (\d+)")
@@ -146,11 +155,31 @@ async def _handoff_aiolock(url: str, count: int) -> None:
             await client.aclose()
 
 
+async def _local_handover_aiolock(url: str, count: int) -> None:
+    from redis.asyncio import Redis
+
+    from aiolock import AsyncLock
+
+    client = Redis.from_url(url)
+    try:
+
+        async def take_turns(times: int) -> None:
+            lock = AsyncLock(client, "bench:instructions:local", ttl=10.0)
+            for _ in range(times):
+                async with lock:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(take_turns(count // LOCAL_TASKS) for _ in range(LOCAL_TASKS)))
+    finally:
+        await client.aclose()
+
+
 _CHILDREN: Final = {
     "W1 aiolock": _w1_aiolock,
     "W1 aiolock fresh": _w1_aiolock_fresh,
     "W1 redis-py": _w1_redis_py,
     "hand-off aiolock": _handoff_aiolock,
+    "local hand-over aiolock": _local_handover_aiolock,
 }
 
 

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from aiolock._holding import Holding, State
+from aiolock._queue import LocalQueue
 
 
 async def a_holding() -> Holding:
-    """A holding of the running task (its queue and lease are not used here)."""
+    """A holding of the running task (its lease is not used here, its queue barely)."""
     task = asyncio.current_task()
     assert task is not None
-    queue: Any = object()
+    queue = LocalQueue({}, "name", asyncio.get_running_loop())
     lease: Any = object()
     return Holding("name", "token", task, 1.0, 1.0, 0.0, None, queue, lease)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from aiolock._holding import Holding
+from aiolock._queue import LocalQueue
 from aiolock._renewal import EARLY_SHARE, Renewer
 
 
@@ -29,7 +30,7 @@ async def test_a_capped_holding_met_early_waits_for_its_cap_and_the_pass_ends() 
     """The pass returns, the holding is due at its cap, and nothing was sent for it."""
     task = asyncio.current_task()
     assert task is not None
-    queue: Any = object()
+    queue = LocalQueue({}, "name", asyncio.get_running_loop())
     lease: Any = object()
     holding = Holding("name", "token", task, 1.0, 1.0, time.monotonic(), None, queue, lease)
     now = time.monotonic()
