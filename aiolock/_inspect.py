@@ -17,13 +17,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
-from redis.asyncio import RedisCluster
-
 from ._checks import check_client
 from ._identity import UNKNOWN, identity_of, marks_of, minted_at
 from ._keys import DEFAULT_PREFIX, QUEUES, Keys
 from ._scripts import FORCE, RW_FORCE, RW_INDEX_SUFFIX, SEMAPHORE_FORCE, STATUS_INSPECT
-from ._types import Client
+from ._types import Client, is_cluster
 from ._wire import Wire
 
 __all__ = [
@@ -210,7 +208,7 @@ async def held_names(
     fences, marks) are not names and are left out.
     """
     match = f"{_glob_escape(prefix)}{{{pattern}}}"
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         await client.initialize()  # (a fresh client knows no node yet)
         for node in client.get_primaries():
             cursor = 0

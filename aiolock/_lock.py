@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import final
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import Redis
 
 from . import backoff as _backoff
 from ._checks import check_bool, check_client, check_ttl
@@ -13,7 +13,7 @@ from ._keys import DEFAULT_PREFIX
 from ._leaselock import LeaseLock, LockStatistics
 from ._options import Options
 from ._server_lease import server_lease
-from ._types import Client
+from ._types import Client, is_cluster
 
 __all__ = ["AsyncLock", "LockStatistics"]
 
@@ -154,7 +154,7 @@ class AsyncLock(LeaseLock):
                 raise TypeError(f"replicas must be an int, got {replicas!r}")
             if replicas < 0:
                 raise ValueError(f"replicas must be >= 0, got {replicas!r}")
-            if replicas and isinstance(client, RedisCluster):
+            if replicas and is_cluster(client):
                 raise ValueError(
                     f"replicas={replicas} is not available with a RedisCluster client "
                     "(WAIT must run on the connection that took the lock)"

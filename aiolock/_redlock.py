@@ -19,6 +19,7 @@ from ._leaselock import LeaseLock
 from ._options import Options
 from ._quorum import QuorumLease, address, check_lease
 from ._server_lease import ServerLease
+from ._types import is_cluster
 
 __all__ = ["Redlock"]
 
@@ -47,7 +48,7 @@ def _check_clients(clients: object) -> tuple[Redis, ...]:
         if not isinstance(client, Redis):
             kind = f"{type(client).__module__}.{type(client).__qualname__}"
             hint = ""
-            if isinstance(client, RedisCluster):
+            if is_cluster(client):
                 hint = " (Redlock's nodes are independent masters, not a cluster)"
             elif kind.startswith("redis.") and not kind.startswith("redis.asyncio"):
                 hint = " (a synchronous client: use redis.asyncio.Redis instead)"

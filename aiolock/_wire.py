@@ -71,7 +71,7 @@ from ._exceptions import LockError
 from ._gate import AHEAD, Ahead, Gate, slots_of
 from ._packing import REDIS_PACK, packed
 from ._scripts import Script
-from ._types import Client
+from ._types import Client, is_cluster
 
 __all__ = [
     "KINDS",
@@ -258,7 +258,7 @@ class Wire:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.cluster = isinstance(client, RedisCluster)
+        self.cluster = is_cluster(client)
         #: Around every call into redis-py: its untranslated errors made its own.
         self.translating = Translating(self.cluster)
         #: Commands go out on the pool's connections, sent by the wire itself.
